@@ -1,0 +1,289 @@
+"""The project's local single-node KRaft Kafka broker (Maven Central jars on Java 17) and the readiness round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from fleetpulse.errors import BrokerError
+from fleetpulse.settings import CommonSettings
+
+POM = Path(__file__).parent / "kafka" / "pom.xml"
+KAFKA_VERSION = re.search(r"<kafka\.version>(.+?)</kafka\.version>", POM.read_text()).group(1)
+READY_TOPIC = "__fleetpulse_ready"
+
+LOG4J_PROPERTIES = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+"""
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "<no log>"
+
+
+def _listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:port (a connect probe never races the JVM's bind)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _run_async(make_coro):
+    """Run a coroutine to completion from sync code, also when called inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+async def round_trip(bootstrap: str, timeout: float = 30, **client_args) -> None:
+    """Prove the cluster works: produce a unique value to READY_TOPIC and consume it back; retry until timeout."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    args = {**client_args, "bootstrap_servers": bootstrap, "request_timeout_ms": 10_000}
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while (left := deadline - time.monotonic()) > 0:
+        admin = AIOKafkaAdminClient(**args)
+        producer = AIOKafkaProducer(**args, acks="all")
+        consumer = AIOKafkaConsumer(**args, group_id=None, enable_auto_commit=False)
+        try:
+            async with asyncio.timeout(left):
+                await admin.start()
+                if READY_TOPIC not in await admin.list_topics():
+                    brokers = len((await admin.describe_cluster())["brokers"])
+                    with contextlib.suppress(Exception):  # a concurrent checker may have created it first
+                        await admin.create_topics([NewTopic(READY_TOPIC, 1, min(3, brokers))])
+                token = uuid.uuid4().hex.encode()
+                await producer.start()
+                meta = await producer.send_and_wait(READY_TOPIC, token)
+                tp = TopicPartition(READY_TOPIC, meta.partition)
+                await consumer.start()
+                consumer.assign([tp])
+                consumer.seek(tp, meta.offset)
+                record = await consumer.getone(tp)
+                if record.value != token:
+                    raise BrokerError(f"{bootstrap}: read back {record.value!r} at offset {meta.offset}, wrote {token!r}")
+                return
+        except BrokerError:
+            raise
+        except Exception as exc:  # connection refused, metadata not ready, timeout: all mean "not yet"
+            last_error = exc
+        finally:
+            for close in (consumer.stop, producer.stop, admin.close):
+                with contextlib.suppress(Exception):
+                    await close()
+        await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    raise BrokerError(f"Kafka at {bootstrap} failed the produce/consume round trip within {timeout:.0f}s: {last_error!r}")
+
+
+class LocalKafka:
+    """One KRaft broker+controller (node.id=1) whose state lives under data_dir/kafka/."""
+
+    def __init__(self, data_dir: Path, port: int = 19092, controller_port: int | None = None):
+        self.home = (Path(data_dir) / "kafka").resolve()
+        self.port = port
+        self.controller_port = controller_port or port + 1
+        self.bootstrap = f"127.0.0.1:{port}"
+        self.properties = self.home / "server.properties"
+        self.pid_file = self.home / "broker.pid"
+        self.log_file = self.home / "server.log"
+        self._proc: subprocess.Popen | None = None
+
+    def ensure_jars(self) -> Path:
+        """Fetch Kafka and its dependencies from Maven Central into the jar cache once; return the cache dir."""
+        cache = Path(os.environ.get("FLEETPULSE_KAFKA_JARS") or
+                     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fleetpulse" / f"kafka-{KAFKA_VERSION}")
+        stamp = hashlib.sha256(POM.read_bytes()).hexdigest()
+        marker = cache / ".complete"
+        if marker.is_file() and marker.read_text() == stamp:
+            return cache
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise BrokerError("Maven (mvn) not found on PATH: it fetches the Kafka jars; install it or set KAFKA_BOOTSTRAP_SERVERS")
+        partial = cache.with_name(cache.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+               "-DincludeScope=runtime", f"-DoutputDirectory={partial}"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired as exc:
+            raise BrokerError(f"mvn did not fetch the Kafka jars within {exc.timeout:.0f}s") from exc
+        if done.returncode != 0 or not any(partial.glob("kafka_2.13-*.jar")):
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+            raise BrokerError(f"mvn could not fetch the Kafka {KAFKA_VERSION} jars (exit {done.returncode}):\n{tail}")
+        (partial / ".complete").write_text(stamp)
+        shutil.rmtree(cache, ignore_errors=True)
+        partial.replace(cache)
+        return cache
+
+    def start(self, timeout: float = 120) -> str:
+        """Start the broker (or find ours running), wait for a produce/consume round trip; return the bootstrap."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.home / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per data dir, across processes
+            running = self._running_pid()
+            if running is None:
+                self._launch()
+            elif self._read_pid_file().get("port") != self.port:
+                raise BrokerError(f"the broker of {self.home} already runs (pid {running}) on another port; stop it first")
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                if self._running_pid() is None:
+                    raise BrokerError(f"Kafka exited during start-up; {self.log_file}:\n{_tail(self.log_file)}")
+                if not _listening(self.port):  # wait quietly instead of letting aiokafka log connection refusals
+                    time.sleep(0.2)
+                    continue
+                try:
+                    _run_async(lambda: round_trip(self.bootstrap, timeout=min(10.0, left)))
+                    return self.bootstrap
+                except BrokerError:
+                    continue
+            raise BrokerError(f"Kafka at {self.bootstrap} not ready within {timeout:.0f}s; {self.log_file}:\n{_tail(self.log_file)}")
+
+    def stop(self, timeout: float = 30) -> bool:
+        """SIGTERM the broker's process group (controlled shutdown), SIGKILL after timeout; True if one was running."""
+        pid = self._running_pid()
+        if pid is None:
+            return False
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + wait
+            while self._alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not self._alive(pid):
+                break
+        self.pid_file.unlink(missing_ok=True)
+        self._proc = None
+        return True
+
+    def status(self) -> dict:
+        pid = self._running_pid()
+        ready = False
+        if pid is not None:
+            with contextlib.suppress(BrokerError):
+                _run_async(lambda: round_trip(self.bootstrap, timeout=5))
+                ready = True
+        return {"running": pid is not None, "pid": pid, "bootstrap": self.bootstrap,
+                "data_dir": str(self.home.parent), "ready": ready}
+
+    def _launch(self) -> None:
+        for port in (self.port, self.controller_port):
+            if _listening(port):
+                raise BrokerError(f"port {port} on 127.0.0.1 is already in use by another process; "
+                                  "stop it or choose another FLEETPULSE_LOCAL_KAFKA_PORT")
+        java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else shutil.which("java")
+        if java is None or not Path(java).is_file():
+            raise BrokerError("java not found (JAVA_HOME or PATH): the local Kafka broker needs Java 17+")
+        classpath = f"{self.ensure_jars()}/*"
+        logs = self.home / "logs"
+        self.properties.write_text(self._server_properties(logs))
+        log4j = self.home / "log4j.properties"
+        log4j.write_text(LOG4J_PROPERTIES)
+        if not (logs / "meta.properties").exists():  # format once; a restart keeps the existing logs
+            fmt = subprocess.run([str(java), "-cp", classpath, f"-Dlog4j.configuration=file:{log4j}",
+                                  "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(self.properties)],
+                                 capture_output=True, text=True, timeout=120)
+            if fmt.returncode != 0:
+                raise BrokerError(f"kafka-storage format failed (exit {fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
+        if self.log_file.exists():
+            self.log_file.replace(self.log_file.with_suffix(".log.1"))
+        with open(self.log_file, "wb") as log:
+            self._proc = subprocess.Popen(
+                [str(java), "-Xms256m", "-Xmx512m", "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{log4j}",
+                 "-cp", classpath, "kafka.Kafka", str(self.properties)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
+        self.pid_file.write_text(json.dumps({"pid": self._proc.pid, "port": self.port}))
+
+    def _server_properties(self, logs: Path) -> str:
+        return "\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            "controller.listener.names=CONTROLLER",
+            f"log.dirs={logs}",
+            "num.partitions=1",
+            "auto.create.topics.enable=true",  # convenience only: the project creates its topics explicitly
+            "offsets.topic.replication.factor=1",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "",
+        ])
+
+    def _read_pid_file(self) -> dict:
+        try:
+            return json.loads(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _running_pid(self) -> int | None:
+        """The pid of our live broker; a pid file whose process is gone (or is someone else's) is removed."""
+        pid = self._read_pid_file().get("pid")
+        if isinstance(pid, int) and self._alive(pid):
+            return pid
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def _alive(self, pid: int) -> bool:
+        if self._proc is not None and self._proc.pid == pid:
+            return self._proc.poll() is None
+        if Path("/proc/self").exists():  # a reused pid, or a zombie (empty cmdline), is not our broker
+            try:
+                return str(self.properties).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                return False
+        try:  # no /proc (macOS): "the pid exists" is the best we can tell
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _cluster_id() -> str:
+    """A Kafka Uuid string: url-safe base64 of 16 random bytes, unpadded, never starting with '-'."""
+    while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cid
+
+
+def ensure_broker(settings: CommonSettings, timeout: float = 120) -> str:
+    """Make sure the configured Kafka answers: start the local broker, or verify the external cluster."""
+    if settings.uses_local_kafka:
+        return LocalKafka(settings.data_dir, settings.local_kafka_port).start(timeout)
+    client_args = settings.kafka_client_args()
+    bootstrap = client_args.pop("bootstrap_servers")
+    _run_async(lambda: round_trip(bootstrap, timeout=timeout, **client_args))
+    return bootstrap

@@ -1,0 +1,1 @@
+"""Maven POM for the local Kafka broker's jars (see fleetpulse.broker)."""

@@ -1,0 +1,77 @@
+"""Process settings: one pydantic-settings class per role, validated at start-up from FLEETPULSE_* variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleetpulse.errors import ConfigError
+
+
+class CommonSettings(BaseSettings):
+    """What every process needs: where data lives, which broker, which ClickHouse."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEETPULSE_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(default=Path(".fleetpulse"), description="local state: broker logs, chdb store, spool")
+    kafka_bootstrap_servers: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+        description="existing Kafka cluster; unset = the project's local broker",
+    )
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    local_kafka_port: int = Field(default=19092, ge=1024, le=65535)
+    clickhouse_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("FLEETPULSE_CLICKHOUSE_URL", "CLICKHOUSE_URL"),
+        description="ClickHouse server (http[s]://user:pass@host:port/db); unset = embedded chdb under data_dir",
+    )
+    topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
+    query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
+
+    @field_validator("kafka_security_protocol")
+    @classmethod
+    def _known_protocol(cls, value: str) -> str:
+        allowed = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"}
+        if value not in allowed:
+            raise ValueError(f"must be one of {sorted(allowed)}")
+        return value
+
+    @property
+    def bootstrap(self) -> str:
+        """The broker every component talks to."""
+        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.local_kafka_port}"
+
+    @property
+    def uses_local_kafka(self) -> bool:
+        return self.kafka_bootstrap_servers is None
+
+    @property
+    def chdb_path(self) -> Path:
+        return (self.data_dir / "chdb").resolve()
+
+    def kafka_client_args(self) -> dict:
+        """Keyword arguments shared by aiokafka producers, consumers and admin clients."""
+        args: dict = {"bootstrap_servers": self.bootstrap, "security_protocol": self.kafka_security_protocol}
+        if self.kafka_sasl_mechanism:
+            args["sasl_mechanism"] = self.kafka_sasl_mechanism
+            args["sasl_plain_username"] = self.kafka_sasl_username
+            if self.kafka_sasl_password is not None:
+                args["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
+        return args
+
+
+def load(cls: type[BaseSettings], **overrides) -> BaseSettings:
+    """Build settings or fail with the offending field named (config errors stop start-up)."""
+    try:
+        return cls(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid {cls.__name__}: {problems}") from exc

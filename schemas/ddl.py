@@ -1,0 +1,57 @@
+"""ClickHouse DDL generated from the table specs, and the check that live tables still match it."""
+
+from __future__ import annotations
+
+from schemas.tables import INGESTED_AT, TABLES, Table
+
+WATERMARKS = "sink_watermarks"
+# Insert deduplication must be explicit: non-replicated MergeTree only deduplicates with a window > 0.
+TABLE_SETTINGS = "non_replicated_deduplication_window = 10000, index_granularity = 8192"
+
+
+def create_table(table: Table, database: str = "default", on_cluster: str | None = None) -> str:
+    cluster = f" ON CLUSTER {on_cluster}" if on_cluster else ""
+    cols = ",\n    ".join([c.ddl() for c in table.columns] + [INGESTED_AT])
+    tc = table.time_column
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.{table.name}{cluster}\n(\n    {cols}\n)\n"
+        f"ENGINE = MergeTree\nPARTITION BY toYYYYMMDD({tc})\nORDER BY ({', '.join(table.order_by)})\n"
+        f"TTL toDateTime({tc}) + INTERVAL {table.ttl_days} DAY\nSETTINGS {TABLE_SETTINGS}"
+    )
+
+
+def create_watermarks(database: str = "default") -> str:
+    """Highest Kafka offset stored per (topic, partition): the sink resumes after it, so replays add nothing."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.{WATERMARKS}\n(\n"
+        "    `topic` LowCardinality(String),\n    `partition` UInt16,\n"
+        "    `offset` SimpleAggregateFunction(max, UInt64)\n)\n"
+        "ENGINE = AggregatingMergeTree\nORDER BY (topic, partition)"
+    )
+
+
+def create_watermark_view(table: Table, database: str = "default", topic_prefix: str = "") -> str:
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{table.name}_watermark_mv TO {database}.{WATERMARKS}\n"
+        f"AS SELECT '{table.topic.full(topic_prefix)}' AS topic, kafka_partition AS partition, max(kafka_offset) AS offset\n"
+        f"FROM {database}.{table.name} GROUP BY kafka_partition"
+    )
+
+
+def statements(database: str = "default", topic_prefix: str = "") -> list[str]:
+    """Every statement needed for a fresh database, in order."""
+    out = [f"CREATE DATABASE IF NOT EXISTS {database}", create_watermarks(database)]
+    for table in TABLES.values():
+        out += [create_table(table, database), create_watermark_view(table, database, topic_prefix)]
+    return out
+
+
+def expected_columns(table: Table) -> list[tuple[str, str, str]]:
+    """(name, type, codec) as system.columns reports them."""
+    cols = [(c.name, c.type, f"CODEC({c.codec})" if c.codec else "") for c in table.columns]
+    return cols + [("ingested_at", "DateTime64(3, 'UTC')", "CODEC(Delta(8), ZSTD(1))")]
+
+
+def normalise_codec(codec: str) -> str:
+    """system.columns spells Delta as Delta(8) and Gorilla as Gorilla(8); compare without widths."""
+    return codec.replace("Delta(8)", "Delta").replace("Gorilla(8)", "Gorilla")

@@ -1,0 +1,125 @@
+"""ClickHouse tables derived from the topic models, and the lean record -> rows extraction the sink uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from fleetpulse.errors import DecodeError
+from schemas import topics as t
+from schemas.columns import Column, columns_of
+from schemas.telemetry import GpuReading, HostSample
+
+PROVENANCE = (
+    Column("kafka_partition", "UInt16", None, int),
+    Column("kafka_offset", "UInt64", "Delta, ZSTD(1)", int),
+)
+INGESTED_AT = "`ingested_at` DateTime64(3, 'UTC') DEFAULT now64(3) CODEC(Delta, ZSTD(1))"
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _Field:
+    """How one JSON key becomes one column value."""
+
+    key: str
+    column: Column
+    required: bool
+    default: Any
+
+    def take(self, record: dict) -> Any:
+        value = record.get(self.key, _MISSING)
+        if value is _MISSING:
+            if self.required:
+                raise DecodeError(f"missing field {self.key!r}")
+            value = self.default
+        try:
+            return self.column.convert(value)
+        except DecodeError as exc:
+            raise DecodeError(f"field {self.key!r}: {exc}") from None
+
+
+def _fields(model: type[BaseModel], rename: dict[str, str] | None = None, exclude=frozenset()) -> list[_Field]:
+    rename = rename or {}
+    out = []
+    by_name = {c.name: c for c in columns_of(model, exclude=frozenset(exclude))}
+    for name, info in model.model_fields.items():
+        if name in exclude:
+            continue
+        col = by_name[name]
+        if name in rename:
+            col = Column(rename[name], col.type, col.codec, col.convert)
+        out.append(_Field(name, col, info.is_required(), None if info.is_required() else info.get_default(call_default_factory=True)))
+    return out
+
+
+@dataclass(frozen=True)
+class Table:
+    """One sink table: its columns, sort key, partitioning and retention, and the topic it is fed from."""
+
+    name: str
+    topic: t.Topic
+    fields: list[_Field]
+    order_by: tuple[str, ...]
+    ttl_days: int
+    time_column: str = "ts"
+    per_gpu: bool = False
+    gpu_fields: list[_Field] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[Column]:
+        data = [f.column for f in self.fields]
+        if self.per_gpu:
+            data += [Column("gpu_count", "UInt8", None, int)] + [f.column for f in self.gpu_fields]
+        return data + list(PROVENANCE)
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def rows(self, record: Any, partition: int, offset: int) -> list[tuple]:
+        """Rows for one decoded record; raises DecodeError (-> dead-letter topic) on a malformed one."""
+        if type(record) is not dict:
+            raise DecodeError(f"expected a JSON object, got {type(record).__name__}")
+        head = tuple(f.take(record) for f in self.fields)
+        if not self.per_gpu:
+            return [head + (partition, offset)]
+        gpus = record.get("gpus")
+        if type(gpus) is not list or not gpus:
+            raise DecodeError("field 'gpus': expected a non-empty list of GPU readings")
+        rows = []
+        for gpu in gpus:
+            if type(gpu) is not dict:
+                raise DecodeError("field 'gpus': expected objects")
+            rows.append(head + (len(gpus),) + tuple(f.take(gpu) for f in self.gpu_fields) + (partition, offset))
+        return rows
+
+
+def _flat(name: str, topic: t.Topic, order_by: tuple[str, ...], ttl_days: int) -> Table:
+    return Table(name, topic, _fields(topic.model), order_by, ttl_days)
+
+
+GPU_RENAME = {"index": "gpu_index", "uuid": "gpu_uuid", "model": "gpu_model"}
+
+TABLES: dict[str, Table] = {
+    tb.name: tb
+    for tb in [
+        Table(
+            "gpu_samples", t.SAMPLES, _fields(HostSample, exclude={"gpus"}),
+            order_by=("cluster", "host", "gpu_index", "ts"), ttl_days=30,
+            per_gpu=True, gpu_fields=_fields(GpuReading, rename=GPU_RENAME),
+        ),
+        _flat("xid_events", t.XID, ("host", "ts", "code"), 365),
+        _flat("nccl_timings", t.NCCL, ("job", "seq", "rank"), 30),
+        _flat("health_scores", t.HEALTH, ("host", "ts"), 90),
+        _flat("faults", t.FAULTS, ("host", "ts", "code"), 365),
+        _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), 90),
+        _flat("alerts", t.ALERTS, ("alertname", "fingerprint", "ts"), 365),
+        _flat("node_states", t.NODE_STATE, ("host", "ts"), 365),
+        _flat("drain_events", t.DRAIN, ("host", "ts"), 365),
+        _flat("remediation_results", t.REMEDIATION, ("host", "ts"), 365),
+    ]
+}
+TABLE_BY_TOPIC: dict[str, Table] = {tb.topic.name: tb for tb in TABLES.values()}

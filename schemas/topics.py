@@ -1,0 +1,78 @@
+"""The topic registry: every Kafka topic's name, key, value model, partitioning, compaction and retention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from schemas.analytics import (
+    Alert, DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult, StragglerScore,
+)
+from schemas.events import NcclTiming, XidEvent
+from schemas.telemetry import HostSample
+
+DAY_MS = 24 * 3600 * 1000
+DLQ_SUFFIX = ".dlq"
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    key: str  # the value field whose value is the record key
+    model: type[BaseModel]
+    partitions: int
+    retention_ms: int
+    compacted: bool = False
+    description: str = ""
+
+    def full(self, prefix: str = "") -> str:
+        """The topic's name on the cluster: a namespace prefix (e.g. 'staging.') before the registry name."""
+        return prefix + self.name
+
+    def dlq(self, prefix: str = "") -> str:
+        return prefix + self.name + DLQ_SUFFIX
+
+    def key_of(self, value: dict) -> bytes:
+        return str(value[self.key]).encode()
+
+    def config(self) -> dict[str, str]:
+        """Kafka topic configs for creation."""
+        if self.compacted:
+            return {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
+        return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms)}
+
+
+# Partition counts are chosen up front: faust tables cannot be re-partitioned later.
+_TOPICS = [
+    Topic("fleet.telemetry.samples", "host", HostSample, 8, 3 * DAY_MS, description="one sample per host per interval"),
+    Topic("fleet.telemetry.xid", "host", XidEvent, 8, 14 * DAY_MS, description="XID / SXid events"),
+    Topic("fleet.telemetry.nccl", "job", NcclTiming, 8, 3 * DAY_MS, description="per-rank collective timings"),
+    Topic("fleet.health.scores", "host", HealthScore, 8, 7 * DAY_MS, description="GPU and node health scores"),
+    Topic("fleet.faults", "host", FaultEvent, 8, 30 * DAY_MS, description="binned fault events"),
+    Topic("fleet.stragglers", "job", StragglerScore, 8, 7 * DAY_MS, description="per-rank straggler scores"),
+    Topic("fleet.alerts", "host", Alert, 8, 30 * DAY_MS, description="power/thermal alerts, fire and resolve"),
+    Topic("fleet.node.state", "host", NodeState, 8, -1, compacted=True, description="node lifecycle state"),
+    Topic("fleet.drain.events", "host", DrainEvent, 8, 30 * DAY_MS, description="drain/repair/validate requests"),
+    Topic("fleet.remediation.results", "host", RemediationResult, 8, 30 * DAY_MS, description="remediation bot results"),
+]
+
+TOPICS: dict[str, Topic] = {t.name: t for t in _TOPICS}
+
+SAMPLES = TOPICS["fleet.telemetry.samples"]
+XID = TOPICS["fleet.telemetry.xid"]
+NCCL = TOPICS["fleet.telemetry.nccl"]
+HEALTH = TOPICS["fleet.health.scores"]
+FAULTS = TOPICS["fleet.faults"]
+STRAGGLERS = TOPICS["fleet.stragglers"]
+ALERTS = TOPICS["fleet.alerts"]
+NODE_STATE = TOPICS["fleet.node.state"]
+DRAIN = TOPICS["fleet.drain.events"]
+REMEDIATION = TOPICS["fleet.remediation.results"]
+
+
+def topic(name: str) -> Topic:
+    try:
+        return TOPICS[name]
+    except KeyError:
+        raise KeyError(f"unknown topic {name!r}; known: {', '.join(TOPICS)}") from None

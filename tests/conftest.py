@@ -1,0 +1,77 @@
+"""Shared fixtures: a real Kafka broker (env, testcontainers, or the project's own) and a real ClickHouse engine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = Path(os.environ.get("FLEETPULSE_REFERENCE_DIR", REPO.parent / "shared" / "reference"))
+
+
+def _docker_available() -> bool:
+    if not (shutil.which("docker") or os.path.exists("/var/run/docker.sock")):
+        return False
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap():
+    """Bootstrap servers of a real broker for this test session.
+
+    KAFKA_BOOTSTRAP_SERVERS wins (CI starts the project's broker and exports it); else testcontainers
+    when a Docker engine answers; else the project's local broker, started here and stopped after.
+    """
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return
+    if _docker_available():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer("apache/kafka:3.9.1").with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    from fleetpulse.broker import LocalKafka
+
+    broker = LocalKafka(REPO / ".fleetpulse" / "test-kafka", port=_free_port(), controller_port=_free_port())
+    bootstrap = broker.start()
+    try:
+        yield bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A fresh topic namespace per test, so tests on one broker never see each other's records."""
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture
+def clickhouse_url(tmp_path) -> str:
+    """A real ClickHouse: the server named by CLICKHOUSE_URL, else an embedded chdb store of this test's own."""
+    return os.environ.get("CLICKHOUSE_URL") or f"chdb://{tmp_path / 'chdb'}"
+
+
+@pytest.fixture
+def reference_dir() -> Path:
+    if not REFERENCE.is_dir():
+        pytest.fail(f"reference data missing at {REFERENCE} (set FLEETPULSE_REFERENCE_DIR)")
+    return REFERENCE

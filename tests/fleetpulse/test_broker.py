@@ -1,0 +1,159 @@
+"""The local KRaft broker: start/status/stop against the real Kafka, plus pid-file and port checks without one."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from fleetpulse.broker import LocalKafka, round_trip
+from fleetpulse.errors import BrokerError
+
+
+def free_ports(n: int = 2) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def new_broker(data_dir) -> LocalKafka:
+    port, controller_port = free_ports()
+    return LocalKafka(data_dir, port, controller_port)
+
+
+async def produce(bootstrap: str, topic: str, n: int, partitions: int = 3) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for i in range(n):
+            await producer.send(topic, key=str(i % 17).encode(), value=json.dumps({"i": i}).encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def count(bootstrap: str, topic: str) -> int:
+    """Read the topic from the beginning to its end offsets; return the distinct values seen."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        assert tps, f"topic {topic} has no partitions"
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        seen: set[int] = set()
+        deadline = time.monotonic() + 30
+        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, "timed out reading back"
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                seen.update(json.loads(r.value)["i"] for r in records)
+        return len(seen)
+    finally:
+        await consumer.stop()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    kafka = new_broker(tmp_path_factory.mktemp("broker"))
+    kafka.start()
+    yield kafka
+    kafka.stop()
+
+
+@pytest.mark.integration
+def test_status_reports_running_and_ready(broker):
+    status = broker.status()
+    assert status["running"] and status["ready"]
+    assert status["bootstrap"] == broker.bootstrap
+    assert broker.pid_file.is_file()
+
+
+@pytest.mark.integration
+def test_start_is_idempotent(broker):
+    pid = broker.status()["pid"]
+    assert LocalKafka(broker.home.parent, broker.port, broker.controller_port).start(timeout=30) == broker.bootstrap
+    assert broker.status()["pid"] == pid
+
+
+@pytest.mark.integration
+async def test_produce_consume_counts_every_message(broker):
+    await produce(broker.bootstrap, "t.counts", 1000)
+    assert await count(broker.bootstrap, "t.counts") == 1000
+    await round_trip(broker.bootstrap, timeout=10)
+
+
+@pytest.mark.integration
+async def test_restart_keeps_messages(tmp_path):
+    first = new_broker(tmp_path)
+    first.start()
+    await produce(first.bootstrap, "t.durable", 500)
+    meta = (first.home / "logs" / "meta.properties").read_text()
+    assert first.stop()
+    status = first.status()
+    assert status["running"] is False and status["pid"] is None and status["ready"] is False
+    assert not first.pid_file.exists()
+    assert not first.stop()
+
+    again = LocalKafka(tmp_path, first.port, first.controller_port)
+    assert again.start() == first.bootstrap
+    try:
+        assert (again.home / "logs" / "meta.properties").read_text() == meta  # not reformatted
+        assert (again.home / "server.log.1").is_file()
+        assert await count(again.bootstrap, "t.durable") == 500
+    finally:
+        again.stop()
+
+
+def test_stale_pid_file_is_cleaned_up(tmp_path):
+    kafka = new_broker(tmp_path)
+    kafka.home.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):  # a dead process, and a live one that is not our broker
+        kafka.pid_file.write_text(json.dumps({"pid": pid, "port": kafka.port}))
+        status = kafka.status()
+        assert status["running"] is False and status["pid"] is None and status["ready"] is False
+        assert not kafka.pid_file.exists()
+    kafka.pid_file.write_text("garbage")
+    assert kafka.stop() is False
+    assert not kafka.pid_file.exists()
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    kafka = new_broker(tmp_path)
+    with socket.create_server(("127.0.0.1", kafka.port)):
+        with pytest.raises(BrokerError, match=f"port {kafka.port} .* in use"):
+            kafka.start(timeout=5)
+    assert not kafka.pid_file.exists()
+
+
+def test_missing_java_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BrokerError, match="java not found"):
+        new_broker(tmp_path).start(timeout=5)
+
+
+async def test_round_trip_fails_cleanly_without_a_broker():
+    (port,) = free_ports(1)
+    with pytest.raises(BrokerError, match=f"127.0.0.1:{port}"):
+        await round_trip(f"127.0.0.1:{port}", timeout=2)
