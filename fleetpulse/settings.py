@@ -29,8 +29,9 @@ class CommonSettings(BaseSettings):
     clickhouse_url: str | None = Field(
         default=None,
         validation_alias=AliasChoices("FLEETPULSE_CLICKHOUSE_URL", "CLICKHOUSE_URL"),
-        description="ClickHouse server (http[s]://user:pass@host:port/db); unset = embedded chdb under data_dir",
+        description="http[s]://user:pass@host:port for a server, or chdb:///path; unset = embedded chdb under data_dir",
     )
+    clickhouse_database: str = Field(default="default", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
     query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
 
@@ -54,6 +55,15 @@ class CommonSettings(BaseSettings):
     @property
     def chdb_path(self) -> Path:
         return (self.data_dir / "chdb").resolve()
+
+    @property
+    def clickhouse_dsn(self) -> str:
+        return self.clickhouse_url or f"chdb://{self.chdb_path}"
+
+    @property
+    def embedded_store(self) -> bool:
+        """True when ClickHouse runs in-process (chdb): only one process may open the store."""
+        return self.clickhouse_dsn.startswith("chdb://")
 
     def kafka_client_args(self) -> dict:
         """Keyword arguments shared by aiokafka producers, consumers and admin clients."""

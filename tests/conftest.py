@@ -64,10 +64,33 @@ def topic_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}."
 
 
+@pytest.fixture(scope="session")
+def clickhouse_url(tmp_path_factory) -> str:
+    """A real ClickHouse: the server named by CLICKHOUSE_URL, else one embedded chdb store for the session.
+
+    chdb opens one store path per process, so tests share the store and isolate by database.
+    """
+    return os.environ.get("CLICKHOUSE_URL") or f"chdb://{tmp_path_factory.mktemp('chdb')}"
+
+
 @pytest.fixture
-def clickhouse_url(tmp_path) -> str:
-    """A real ClickHouse: the server named by CLICKHOUSE_URL, else an embedded chdb store of this test's own."""
-    return os.environ.get("CLICKHOUSE_URL") or f"chdb://{tmp_path / 'chdb'}"
+def clickhouse_database() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings_env(kafka_bootstrap, clickhouse_url, clickhouse_database, topic_prefix, tmp_path, monkeypatch):
+    """FLEETPULSE_* variables that point every component at this test's broker namespace and database."""
+    env = {
+        "FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "FLEETPULSE_CLICKHOUSE_URL": clickhouse_url,
+        "FLEETPULSE_CLICKHOUSE_DATABASE": clickhouse_database,
+        "FLEETPULSE_TOPIC_PREFIX": topic_prefix,
+        "FLEETPULSE_DATA_DIR": str(tmp_path / "data"),
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
 
 
 @pytest.fixture

@@ -55,6 +55,7 @@ async def count(bootstrap: str, topic: str) -> int:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
+        await consumer.topics()  # a consumer without a subscription knows no topic until it fetches metadata
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         assert tps, f"topic {topic} has no partitions"
         consumer.assign(tps)
