@@ -162,3 +162,21 @@ class RemediationResult(_Derived):
     ts: float = Field(gt=0, json_schema_extra=TS)
     detail: str = ""
     measurements: dict[str, float] = Field(default_factory=dict)
+
+
+class InjectedFault(_Derived):
+    """Simulator ground truth: what was injected where and when, so detection can be scored."""
+
+    run_id: str = Field(json_schema_extra=LC)
+    fault_id: str
+    kind: str = Field(json_schema_extra=LC, description="xid79, thermal_runaway, power_cap, slow_rank, ecc_dbe, ...")
+    host: str = Field(json_schema_extra=LC)
+    rack: str = Field(default="", json_schema_extra=LC)
+    gpu_index: int | None = None
+    job: str | None = Field(default=None, json_schema_extra=LC_NULL)
+    rank: int | None = None
+    ts: float = Field(gt=0, json_schema_extra=TS, description="injection start")
+    end_ts: float | None = Field(default=None, json_schema_extra=ch("Nullable(DateTime64(3, 'UTC'))"))
+    hardware: bool = Field(default=True, description="False for faults with no hardware cause (software bugs)")
+    expected: list[str] = Field(default_factory=list, description="signals a detector should raise")
+    params: dict[str, float] = Field(default_factory=dict)

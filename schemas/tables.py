@@ -120,6 +120,7 @@ TABLES: dict[str, Table] = {
         _flat("node_states", t.NODE_STATE, ("host", "ts"), 365),
         _flat("drain_events", t.DRAIN, ("host", "ts"), 365),
         _flat("remediation_results", t.REMEDIATION, ("host", "ts"), 365),
+        _flat("sim_truth", t.TRUTH, ("run_id", "ts", "host"), 365),
     ]
 }
 TABLE_BY_TOPIC: dict[str, Table] = {tb.topic.name: tb for tb in TABLES.values()}

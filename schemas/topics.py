@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from schemas.analytics import (
-    Alert, DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult, StragglerScore,
+    Alert, DrainEvent, FaultEvent, HealthScore, InjectedFault, NodeState, RemediationResult, StragglerScore,
 )
 from schemas.events import NcclTiming, XidEvent
 from schemas.telemetry import HostSample
@@ -55,6 +55,7 @@ _TOPICS = [
     Topic("fleet.node.state", "host", NodeState, 8, -1, compacted=True, description="node lifecycle state"),
     Topic("fleet.drain.events", "host", DrainEvent, 8, 30 * DAY_MS, description="drain/repair/validate requests"),
     Topic("fleet.remediation.results", "host", RemediationResult, 8, 30 * DAY_MS, description="remediation bot results"),
+    Topic("fleet.sim.truth", "host", InjectedFault, 1, 30 * DAY_MS, description="simulator ground truth"),
 ]
 
 TOPICS: dict[str, Topic] = {t.name: t for t in _TOPICS}
@@ -69,6 +70,7 @@ ALERTS = TOPICS["fleet.alerts"]
 NODE_STATE = TOPICS["fleet.node.state"]
 DRAIN = TOPICS["fleet.drain.events"]
 REMEDIATION = TOPICS["fleet.remediation.results"]
+TRUTH = TOPICS["fleet.sim.truth"]
 
 
 def topic(name: str) -> Topic:
