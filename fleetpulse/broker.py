@@ -67,7 +67,7 @@ async def round_trip(bootstrap: str, timeout: float = 30, **client_args) -> None
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    args = {**client_args, "bootstrap_servers": bootstrap, "request_timeout_ms": 10_000}
+    args = {"request_timeout_ms": 10_000, **client_args, "bootstrap_servers": bootstrap}
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while (left := deadline - time.monotonic()) > 0:
@@ -119,8 +119,8 @@ class LocalKafka:
 
     def ensure_jars(self) -> Path:
         """Fetch Kafka and its dependencies from Maven Central into the jar cache once; return the cache dir."""
-        cache = Path(os.environ.get("FLEETPULSE_KAFKA_JARS") or
-                     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fleetpulse" / f"kafka-{KAFKA_VERSION}")
+        user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        cache = Path(os.environ.get("FLEETPULSE_KAFKA_JARS") or user_cache / "fleetpulse" / f"kafka-{KAFKA_VERSION}")
         stamp = hashlib.sha256(POM.read_bytes()).hexdigest()
         marker = cache / ".complete"
         if marker.is_file() and marker.read_text() == stamp:
@@ -186,6 +186,7 @@ class LocalKafka:
         return True
 
     def status(self) -> dict:
+        """Whether our broker process runs and, if so, passes a quick round trip."""
         pid = self._running_pid()
         ready = False
         if pid is not None:

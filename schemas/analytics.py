@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events import LC, LC_NULL, TS
+from schemas.events import LC, LC_NULL, TS, UINT32_MAX
 from schemas.columns import ch
 
 
@@ -61,7 +61,7 @@ class StragglerScore(_Derived):
 
     ts: float = Field(gt=0, json_schema_extra=TS)
     job: str = Field(json_schema_extra=LC)
-    rank: int = Field(ge=0, json_schema_extra=ch("UInt32"))
+    rank: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
     host: str = Field(json_schema_extra=LC)
     gpu_index: int | None = None
     window_start: float = Field(gt=0, json_schema_extra=TS)

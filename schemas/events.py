@@ -11,6 +11,7 @@ from schemas.columns import ch
 TS = ch("DateTime64(3, 'UTC')")
 LC = ch("LowCardinality(String)")
 LC_NULL = ch("LowCardinality(Nullable(String))")
+UINT32_MAX = 2**32 - 1
 
 
 class XidEvent(BaseModel):
@@ -23,7 +24,7 @@ class XidEvent(BaseModel):
     cluster: str = Field(default="", json_schema_extra=LC)
     ts: float = Field(gt=0, json_schema_extra=TS)
     kind: Literal["xid", "sxid"] = "xid"
-    code: int = Field(ge=0, json_schema_extra=ch("UInt32"))
+    code: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
     pci_bus_id: str | None = Field(default=None, json_schema_extra=LC_NULL)
     gpu_index: int | None = Field(default=None, ge=0)
     gpu_uuid: str | None = None
@@ -43,8 +44,8 @@ class NcclTiming(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     job: str = Field(min_length=1, json_schema_extra=LC)
-    rank: int = Field(ge=0, json_schema_extra=ch("UInt32"))
-    world_size: int = Field(ge=1, json_schema_extra=ch("UInt32"))
+    rank: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
+    world_size: int = Field(ge=1, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
     host: str = Field(min_length=1, json_schema_extra=LC)
     gpu_index: int | None = Field(default=None, ge=0)
     collective: str = Field(json_schema_extra=LC, description="AllReduce, AllGather, ReduceScatter, ...")

@@ -13,8 +13,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from fleetpulse.broker import LocalKafka, round_trip
+from fleetpulse.broker import LocalKafka, ensure_broker, round_trip
 from fleetpulse.errors import BrokerError
+from fleetpulse.settings import CommonSettings
 
 
 def free_ports(n: int = 2) -> list[int]:
@@ -61,7 +62,7 @@ async def count(bootstrap: str, topic: str, partitions: int = 3) -> int:
         ends = await consumer.end_offsets(tps)
         seen: set[int] = set()
         deadline = time.monotonic() + 30
-        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
             assert time.monotonic() < deadline, "timed out reading back"
             for records in (await consumer.getmany(timeout_ms=1000)).values():
                 seen.update(json.loads(r.value)["i"] for r in records)
@@ -98,6 +99,17 @@ async def test_produce_consume_counts_every_message(broker):
     await produce(broker.bootstrap, "t.counts", 1000)
     assert await count(broker.bootstrap, "t.counts") == 1000
     await round_trip(broker.bootstrap, timeout=10)
+
+
+@pytest.mark.integration
+def test_ensure_broker_local_and_external(broker, monkeypatch):
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setenv("FLEETPULSE_DATA_DIR", str(broker.home.parent))
+    monkeypatch.setenv("FLEETPULSE_LOCAL_KAFKA_PORT", str(broker.port))
+    assert ensure_broker(CommonSettings(), timeout=30) == broker.bootstrap  # finds the running broker
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
+    assert ensure_broker(CommonSettings(), timeout=30) == broker.bootstrap  # verifies it as an external cluster
 
 
 @pytest.mark.integration

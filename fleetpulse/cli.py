@@ -1,0 +1,58 @@
+"""The one `fleetpulse` command: role subcommands and one-shot diagnostics."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from fleetpulse.errors import FleetpulseError
+
+# name -> (module with configure_parser/run, help). Modules load only when their subcommand runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("fleetpulse.stack", "run broker, simulator, streams and sink with a live view"),
+    "kafka": ("fleetpulse.broker_cli", "start, stop or check the local Kafka broker"),
+    "simulate": ("agents.simulator.cli", "publish a simulated GPU fleet (with ground truth)"),
+    "streams": ("streams.cli", "run a faust stream worker"),
+    "sink": ("sinks.cli", "run the ClickHouse sink"),
+    "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),
+    "ddl": ("schemas.cli_ddl", "print the ClickHouse DDL generated from the schemas"),
+    "schemas": ("schemas.cli_export", "export JSON Schema for every topic"),
+}
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands are listed; only the chosen one's module is imported to add its options."""
+    parser = argparse.ArgumentParser(prog="fleetpulse", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if name == chosen:
+            importlib.import_module(module).configure_parser(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(chosen)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return importlib.import_module(args._module).run(args) or 0
+    except FleetpulseError as exc:
+        print(f"fleetpulse {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

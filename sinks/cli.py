@@ -1,0 +1,52 @@
+"""`fleetpulse sink`: run the ClickHouse sink until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from fleetpulse.settings import load
+from sinks.query_server import serve
+from sinks.runner import ClickHouseSink
+from sinks.settings import SinkSettings
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tables", nargs="*", help="tables to feed (default: all)")
+    p.add_argument("--no-query-server", action="store_true", help="do not answer SQL on the query port")
+
+
+async def run_sink(settings: SinkSettings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> ClickHouseSink:
+    """Run until `stop` is set; serves queries when it owns an embedded store."""
+    sink = ClickHouseSink(settings)
+    await sink.open_store()
+    runner = None
+    if settings.embedded_store and settings.sink_serve_queries:
+        runner = await serve(sink, settings.query_port)
+    try:
+        task = asyncio.create_task(sink.run(stop))
+        while not (sink.stats.ready or task.done()):
+            await asyncio.sleep(0.05)
+        if ready is not None:
+            ready.set()
+        await task
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+    return sink
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load(SinkSettings, sink_tables=args.tables or None,
+                    sink_serve_queries=False if args.no_query_server else None)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_sink(settings, stop)
+
+    asyncio.run(main())
+    return 0

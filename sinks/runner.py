@@ -1,0 +1,196 @@
+"""The sink loop: consume, decode to rows, insert per table, then commit; bad records to the dead-letter topic."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from fleetpulse.errors import DecodeError, StoreError
+from fleetpulse.kafka_admin import ensure_topics
+from schemas.codec import decode
+from schemas.dead_letter import dead_letter
+from schemas.tables import TABLES, Table
+from sinks import store
+from sinks.batch import Batch
+from sinks.settings import SinkSettings
+
+log = logging.getLogger("fleetpulse.sink")
+
+
+@dataclass
+class TableStats:
+    rows: int = 0
+    records: int = 0
+    batches: int = 0
+    dead_letters: int = 0
+    last_insert_ms: float = 0.0
+
+
+@dataclass
+class SinkStats:
+    tables: dict[str, TableStats] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    ready: bool = False
+
+    def as_dict(self) -> dict:
+        return {
+            "ready": self.ready,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "tables": {name: vars(s) for name, s in self.tables.items()},
+        }
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, sink: ClickHouseSink):
+        self.sink = sink
+
+    async def on_partitions_revoked(self, revoked):
+        await self.sink.flush_all()
+
+    async def on_partitions_assigned(self, assigned):
+        await self.sink.seek_past_watermarks(assigned)
+
+
+class ClickHouseSink:
+    """Consumes the registry's topics into their tables; offsets are committed only after the insert."""
+
+    def __init__(self, settings: SinkSettings):
+        self.settings = settings
+        names = settings.sink_tables or list(TABLES)
+        unknown = set(names) - set(TABLES)
+        if unknown:
+            raise StoreError(f"sink_tables: unknown tables {sorted(unknown)}")
+        self.tables: dict[str, Table] = {n: TABLES[n] for n in names}
+        self.by_topic = {t.topic.full(settings.topic_prefix): t for t in self.tables.values()}
+        self.batches = {topic: Batch(t, topic) for topic, t in self.by_topic.items()}
+        self.stats = SinkStats(tables={n: TableStats() for n in names})
+        # chdb is not safe to drive from several threads at once: every store call goes through one thread.
+        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
+        self.client = None
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+
+    async def db(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self.db_thread, lambda: fn(*args, **kwargs))
+
+    async def open_store(self) -> None:
+        self.client = await self.db(store.connect, self.settings)
+        await self.db(store.apply_schema, self.client, self.settings)
+        drift = await self.db(store.schema_drift, self.client, self.settings.clickhouse_database)
+        if drift:
+            raise StoreError("live tables differ from the schemas: " + "; ".join(drift))
+
+    async def start(self) -> None:
+        if self.client is None:
+            await self.open_store()
+        kafka = self.settings.kafka_client_args()
+        await ensure_topics(kafka, prefix=self.settings.topic_prefix)
+        self.producer = AIOKafkaProducer(**kafka, acks="all", enable_idempotence=True)
+        await self.producer.start()
+        self.consumer = AIOKafkaConsumer(
+            **kafka,
+            group_id=self.settings.topic_prefix + self.settings.sink_group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.settings.sink_fetch_max_records,
+        )
+        self.consumer.subscribe(list(self.by_topic), listener=_Rebalance(self))
+        await self.consumer.start()
+        self.stats.ready = True
+
+    async def seek_past_watermarks(self, assigned) -> None:
+        """Resume after the highest offset already stored, even where Kafka's commit lags behind it."""
+        marks = await self.db(store.watermarks, self.client)
+        for tp in assigned:
+            stored = marks.get((tp.topic, tp.partition))
+            if stored is None:
+                continue
+            committed = await self.consumer.committed(tp)
+            if committed is None or committed <= stored:
+                self.consumer.seek(tp, stored + 1)
+                log.info("resuming %s[%d] at %d after stored rows", tp.topic, tp.partition, stored + 1)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            while not stop.is_set():
+                fetched = await self.consumer.getmany(timeout_ms=100, max_records=self.settings.sink_fetch_max_records)
+                for tp, records in fetched.items():
+                    await self.take(tp, records)
+                for batch in self.batches.values():
+                    if batch.due(self.settings.sink_batch_max_rows, self.settings.sink_batch_max_seconds):
+                        await self.flush(batch)
+            await self.flush_all()
+        finally:
+            await self.close()
+
+    async def take(self, tp: TopicPartition, records) -> None:
+        batch = self.batches[tp.topic]
+        stats = self.stats.tables[batch.table.name]
+        for rec in records:
+            stats.records += 1
+            try:
+                rows = batch.table.rows(decode(rec.value), tp.partition, rec.offset)
+            except DecodeError as exc:
+                await self.send_dead_letter(tp, rec, str(exc))
+                stats.dead_letters += 1
+                batch.cover(tp.partition, rec.offset)
+                continue
+            batch.add(tp.partition, rec.offset, rows)
+            if len(batch.rows) >= self.settings.sink_batch_max_rows:
+                await self.flush(batch)
+
+    async def send_dead_letter(self, tp: TopicPartition, rec, reason: str) -> None:
+        value, headers = dead_letter(rec.value, reason=reason, topic=tp.topic, partition=tp.partition,
+                                     offset=rec.offset, component="sink")
+        base = self.by_topic[tp.topic].topic
+        await self.producer.send_and_wait(base.dlq(self.settings.topic_prefix), value, key=rec.key, headers=headers)
+        log.warning("dead-lettered %s[%d]@%d: %s", tp.topic, tp.partition, rec.offset, reason)
+
+    async def flush(self, batch: Batch) -> None:
+        """Insert the batch (retrying what is retryable), then commit its offsets."""
+        if batch.empty:
+            return
+        stats = self.stats.tables[batch.table.name]
+        if batch.rows:
+            began = time.perf_counter()
+            await self.insert_with_retry(batch)
+            stats.last_insert_ms = round((time.perf_counter() - began) * 1000, 2)
+            stats.rows += len(batch.rows)
+            stats.batches += 1
+        offsets = {TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()}
+        batch.reset()
+        await self.consumer.commit(offsets)
+
+    async def insert_with_retry(self, batch: Batch) -> None:
+        token = batch.token()
+        for attempt in range(self.settings.sink_insert_retries + 1):
+            try:
+                await self.db(store.insert, self.client, batch.table.name, batch.table.column_names, batch.rows, token)
+                return
+            except StoreError as exc:
+                if not exc.retryable or attempt == self.settings.sink_insert_retries:
+                    raise
+                delay = min(0.2 * 2**attempt, 10.0)
+                log.warning("retryable insert failure (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)  # consumption waits too: the sink pauses rather than drops
+
+    async def flush_all(self) -> None:
+        for batch in self.batches.values():
+            await self.flush(batch)
+
+    async def query(self, sql: str) -> bytes:
+        """Run SQL on the sink's own store (the one process allowed to open an embedded store)."""
+        return await self.db(lambda: self.client.raw_query(sql, fmt="TabSeparated"))
+
+    async def close(self) -> None:
+        self.stats.ready = False
+        if self.consumer is not None:
+            await self.consumer.stop()
+        if self.producer is not None:
+            await self.producer.stop()

@@ -1,0 +1,104 @@
+"""ClickHouse connection (embedded chdb or a server), schema application and the live-schema check."""
+
+from __future__ import annotations
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+from fleetpulse.errors import StoreError
+from fleetpulse.settings import CommonSettings
+from schemas.ddl import expected_columns, normalise_codec, statements
+from schemas.tables import TABLES
+
+# Error codes worth retrying: timeouts, too many parts/simultaneous queries, memory, network, readonly replica.
+RETRYABLE_CODES = {159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999}
+
+# Explicit on every insert: ClickHouse >= 26.2 changed the defaults (async inserts, deduplication).
+INSERT_SETTINGS = {
+    "async_insert": 0,
+    "insert_deduplicate": 1,
+    "deduplicate_blocks_in_dependent_materialized_views": 1,
+}
+
+
+def connect(settings: CommonSettings) -> Client:
+    """A client on the configured database, creating the database if needed."""
+    dsn = settings.clickhouse_dsn
+    try:
+        bootstrap = clickhouse_connect.get_client(dsn=dsn)
+        bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {settings.clickhouse_database}")
+        client = clickhouse_connect.get_client(dsn=dsn, database=settings.clickhouse_database)
+        if not settings.embedded_store:  # closing an embedded client can shut the in-process engine
+            bootstrap.close()
+        return client
+    except Exception as exc:
+        raise as_store_error(exc, f"cannot open ClickHouse at {_redact(dsn)}") from exc
+
+
+def apply_schema(client: Client, settings: CommonSettings) -> None:
+    """Create every table, view and watermark table (idempotent)."""
+    for stmt in statements(settings.clickhouse_database, settings.topic_prefix):
+        try:
+            client.command(stmt)
+        except Exception as exc:
+            raise as_store_error(exc, f"DDL failed: {stmt.splitlines()[0]}") from exc
+
+
+def schema_drift(client: Client, database: str) -> list[str]:
+    """Differences between the live tables and the generated DDL; empty when they match."""
+    rows = client.query(
+        "SELECT table, name, type, compression_codec FROM system.columns WHERE database = {db:String} "
+        "ORDER BY table, position",
+        parameters={"db": database},
+    ).result_rows
+    live: dict[str, list[tuple[str, str, str]]] = {}
+    for table, name, type_, codec in rows:
+        live.setdefault(table, []).append((name, type_, normalise_codec(codec)))
+    problems = []
+    for table in TABLES.values():
+        want = [(n, t, normalise_codec(c)) for n, t, c in expected_columns(table)]
+        have = live.get(table.name)
+        if have is None:
+            problems.append(f"{table.name}: missing")
+            continue
+        for w, h in zip(want, have):
+            if w != h:
+                problems.append(f"{table.name}.{w[0]}: expected {w[1]} {w[2]}, live {h[0]} {h[1]} {h[2]}".rstrip())
+        if len(want) != len(have):
+            extra = {h[0] for h in have} ^ {w[0] for w in want}
+            problems.append(f"{table.name}: column sets differ: {sorted(extra)}")
+    return problems
+
+
+def watermarks(client: Client) -> dict[tuple[str, int], int]:
+    """Highest stored offset per (topic, partition), derived from the data rows themselves."""
+    rows = client.query("SELECT topic, partition, max(offset) FROM sink_watermarks GROUP BY topic, partition").result_rows
+    return {(topic, int(part)): int(off) for topic, part, off in rows}
+
+
+def insert(client: Client, table: str, column_names: list[str], rows: list[tuple], token: str) -> None:
+    """One durable insert; the token makes a retried or replayed batch a no-op."""
+    try:
+        client.insert(table, rows, column_names=column_names,
+                      settings={**INSERT_SETTINGS, "insert_deduplication_token": token})
+    except Exception as exc:
+        raise as_store_error(exc, f"insert into {table} failed") from exc
+
+
+def as_store_error(exc: Exception, context: str) -> StoreError:
+    """Decide retryable vs fatal at the edge, from the ClickHouse error code or the transport."""
+    if isinstance(exc, StoreError):
+        return exc
+    code = getattr(exc, "code", None)
+    retryable = isinstance(exc, OperationalError) or code in RETRYABLE_CODES
+    if isinstance(exc, DatabaseError) and code is not None and code not in RETRYABLE_CODES:
+        retryable = False
+    return StoreError(f"{context}: {exc}", retryable=retryable)
+
+
+def _redact(dsn: str) -> str:
+    if "@" in dsn and "://" in dsn:
+        scheme, rest = dsn.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return dsn

@@ -1,0 +1,86 @@
+"""The generated DDL creates the live tables it describes, and rows from messages read back unchanged."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings
+
+from fleetpulse.errors import DecodeError
+from fleetpulse.settings import CommonSettings
+from schemas.codec import decode, encode
+from schemas.tables import TABLES
+from sinks import store
+from tests.schemas.strategies import model_dicts
+
+
+@pytest.fixture
+def db(clickhouse_url, clickhouse_database):
+    cfg = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database)
+    client = store.connect(cfg)
+    store.apply_schema(client, cfg)
+    yield client
+    client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")
+
+
+def test_live_tables_match_the_generated_ddl(db, clickhouse_database):
+    assert store.schema_drift(db, clickhouse_database) == []
+    assert set(TABLES) <= {r[0] for r in db.query("SHOW TABLES").result_rows}
+
+
+def test_drift_is_reported_with_the_column_named(db, clickhouse_database):
+    db.command("ALTER TABLE gpu_samples MODIFY COLUMN power_w Nullable(Float32)")
+    db.command("ALTER TABLE alerts ADD COLUMN surprise UInt8")
+    drift = store.schema_drift(db, clickhouse_database)
+    assert any(p.startswith("gpu_samples.power_w: expected Nullable(Float64)") for p in drift)
+    assert any(p.startswith("alerts:") and "surprise" in p for p in drift)
+
+
+def _epoch_ms(value: datetime | None) -> int | None:
+    """DateTime64(3, 'UTC') reads back as a datetime in UTC; the insert value was epoch milliseconds."""
+    return None if value is None else round(value.replace(tzinfo=timezone.utc).timestamp() * 1000)
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_rows_from_any_valid_message_read_back_unchanged(db, name):
+    table = TABLES[name]
+    names = table.column_names
+    offset = iter(range(10**6))
+
+    @hsettings(max_examples=25, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+               deadline=None)
+    @given(model_dicts(table.topic.model))
+    def check(value):
+        message = decode(encode(table.topic.model.model_validate(value)))
+        off = next(offset)
+        rows = table.rows(message, partition=3, offset=off)
+        assert len(rows) == (len(message["gpus"]) if table.per_gpu else 1)
+        db.insert(table.name, rows, column_names=names)
+        back = db.query(f"SELECT {', '.join(names)} FROM {table.name} WHERE kafka_offset = {off} "
+                        f"ORDER BY {'gpu_index' if table.per_gpu else 'ts'}").result_rows
+        assert len(back) == len(rows)
+        want = sorted(rows, key=lambda r: r[names.index("gpu_index")]) if table.per_gpu else rows
+        for got_row, want_row in zip(back, want):
+            for col, got, exp in zip(table.columns, got_row, want_row):
+                if "DateTime64" in col.type:
+                    got = _epoch_ms(got)
+                assert got == exp, f"{table.name}.{col.name}: {got!r} != {exp!r}"
+
+    check()
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ([], "expected a JSON object"),
+        ({"host": "h"}, "missing field"),
+        ({"host": 7, "ts": 1.7e9, "seq": 1, "gpus": [{"index": 0, "uuid": "u", "pci_bus_id": "p"}]}, "field 'host'"),
+        ({"host": "h", "ts": 1.7e9, "seq": 1, "gpus": []}, "non-empty list"),
+        ({"host": "h", "ts": 1.7e9, "seq": 1, "gpus": [{"index": 0, "uuid": "u", "pci_bus_id": "p", "power_w": "hot"}]},
+         "field 'power_w': expected number"),
+    ],
+)
+def test_malformed_samples_are_refused_with_the_field_named(record, message):
+    with pytest.raises(DecodeError, match=message):
+        TABLES["gpu_samples"].rows(record, 0, 0)
