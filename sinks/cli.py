@@ -17,20 +17,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-query-server", action="store_true", help="do not answer SQL on the query port")
 
 
-async def run_sink(settings: SinkSettings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> ClickHouseSink:
-    """Run until `stop` is set; serves queries when it owns an embedded store."""
-    sink = ClickHouseSink(settings)
+async def run_sink(sink: ClickHouseSink, stop: asyncio.Event) -> ClickHouseSink:
+    """Run until `stop` is set; the process that owns an embedded store also answers queries on it."""
+    settings = sink.settings
     await sink.open_store()
     runner = None
     if settings.embedded_store and settings.sink_serve_queries:
         runner = await serve(sink, settings.query_port)
     try:
-        task = asyncio.create_task(sink.run(stop))
-        while not (sink.stats.ready or task.done()):
-            await asyncio.sleep(0.05)
-        if ready is not None:
-            ready.set()
-        await task
+        await sink.run(stop)
     finally:
         if runner is not None:
             await runner.cleanup()
@@ -46,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_sink(settings, stop)
+        await run_sink(ClickHouseSink(settings), stop)
 
     asyncio.run(main())
     return 0

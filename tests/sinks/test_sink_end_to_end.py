@@ -1,0 +1,126 @@
+"""The sink on a real broker and the real ClickHouse engine: exactly once, replay-safe, poison to the DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from fleetpulse.kafka_admin import ensure_topics
+from fleetpulse.settings import load
+from schemas.codec import encode
+from schemas.dead_letter import original
+from schemas.telemetry import GpuReading, HostSample
+from schemas.topics import SAMPLES
+from sinks import store
+from sinks.cli import run_sink
+from sinks.runner import ClickHouseSink
+from sinks.settings import SinkSettings
+
+pytestmark = pytest.mark.integration
+
+
+def sample(host: int, seq: int, now: float) -> HostSample:
+    gpus = [
+        GpuReading(index=i, uuid=f"GPU-{host:04d}-{i}", pci_bus_id=f"0000:{0x18 + i:02x}:00.0", model="NVIDIA H100",
+                   power_w=300.0 + host + i + seq / 8, gpu_temp_c=40.0 + i, energy_mj=1000 * seq + i)
+        for i in range(8)
+    ]
+    return HostSample(host=f"h{host:03d}", rack=f"r{host // 4}", cluster="c1", ts=now + seq, seq=seq, gpus=gpus)
+
+
+async def produce(settings: SinkSettings, values: list[bytes | HostSample]) -> None:
+    await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
+    producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for v in values:
+            raw = encode(v) if isinstance(v, HostSample) else v
+            key = v.host.encode() if isinstance(v, HostSample) else b"poison"
+            await producer.send(SAMPLES.full(settings.topic_prefix), raw, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def sink_until(settings: SinkSettings, done, timeout: float = 60.0) -> ClickHouseSink:
+    """Run the sink until done(sink) holds (or time runs out), then stop it cleanly."""
+    stop = asyncio.Event()
+    sink = ClickHouseSink(settings)
+    task = asyncio.create_task(run_sink(sink, stop))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not task.done() and not done(sink):
+        await asyncio.sleep(0.2)
+    stop.set()
+    return await asyncio.wait_for(task, 30)
+
+
+def rows_in(settings: SinkSettings, sql: str):
+    return store.connect(settings).query(sql).result_rows
+
+
+@pytest.fixture
+def settings(settings_env) -> SinkSettings:
+    return load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False)
+
+
+async def test_a_run_of_known_size_lands_exactly_once_and_replays_add_nothing(settings):
+    now = time.time()
+    samples = [sample(h, s, now) for s in range(15) for h in range(12)]
+    await produce(settings, samples)
+    expected_rows = len(samples) * 8
+    power_sum = sum(g.power_w for s in samples for g in s.gpus)
+    energy_sum = sum(g.energy_mj for s in samples for g in s.gpus)
+
+    await sink_until(settings, lambda s: s.stats.tables["gpu_samples"].rows >= expected_rows)
+    check = "SELECT count(), sum(power_w), sum(energy_mj), uniqExact(host, seq, gpu_index) FROM gpu_samples"
+    assert rows_in(settings, check) == [(expected_rows, pytest.approx(power_sum, rel=1e-12), energy_sum, expected_rows)]
+
+    # Same group again: offsets were committed after the insert, nothing new to read.
+    same = await sink_until(settings, lambda s: False, timeout=4)
+    assert same.stats.tables["gpu_samples"].records == 0
+    # A new consumer group starts from the earliest offset; the stored watermarks skip what is already there.
+    again = settings.model_copy(update={"sink_group_id": "replay-group"})
+    replayed = await sink_until(again, lambda s: False, timeout=6)
+    assert replayed.stats.tables["gpu_samples"].rows == replayed.stats.tables["gpu_samples"].records == 0
+    assert rows_in(settings, check)[0][0] == expected_rows
+
+
+async def test_poison_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(settings):
+    now = time.time()
+    good = [sample(h, s, now) for s in range(3) for h in range(4)]
+    poison = [b"{not json", orjson.dumps({"host": "h9", "ts": now, "seq": 1, "gpus": [{"index": "zero"}]})]
+    await produce(settings, good[:6] + poison + good[6:])
+
+    await sink_until(settings, lambda s: s.stats.tables["gpu_samples"].rows >= len(good) * 8
+                     and s.stats.tables["gpu_samples"].dead_letters >= 2)
+    assert rows_in(settings, "SELECT count() FROM gpu_samples") == [(len(good) * 8,)]
+
+    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tp = TopicPartition(SAMPLES.dlq(settings.topic_prefix), 0)
+        consumer.assign([tp])
+        batch = await consumer.getmany(tp, timeout_ms=10_000)
+        letters = [original(r.value) for r in batch.get(tp, [])]
+    finally:
+        await consumer.stop()
+    assert len(letters) == 2
+    reasons = [facts["reason"] for facts, _ in letters]
+    assert reasons[0].startswith("not JSON")
+    assert "field 'index': expected integer" in reasons[1]
+    assert [raw for _, raw in letters] == poison
+    assert all(facts["source_topic"] == SAMPLES.full(settings.topic_prefix) for facts, _ in letters)
+
+
+async def test_live_table_drift_stops_the_sink_at_start(settings):
+    client = store.connect(settings)
+    store.apply_schema(client, settings)
+    client.command("ALTER TABLE gpu_samples DROP COLUMN hbm_temp_c")
+    from fleetpulse.errors import StoreError
+
+    with pytest.raises(StoreError, match="gpu_samples"):
+        await run_sink(ClickHouseSink(settings), asyncio.Event())
