@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from fleetpulse.errors import BrokerError
 from schemas.topics import TOPICS
+
+DLQ_RETENTION_MS = 30 * 24 * 3600 * 1000
 
 
 def wanted_topics(prefix: str = "", replication: int = 1) -> list[NewTopic]:
     out = []
     for t in TOPICS.values():
         out.append(NewTopic(t.full(prefix), t.partitions, replication, topic_configs=t.config()))
-        out.append(NewTopic(t.dlq(prefix), 1, replication, topic_configs={"retention.ms": str(30 * 24 * 3600 * 1000)}))
+        out.append(NewTopic(t.dlq(prefix), 1, replication, topic_configs={"retention.ms": str(DLQ_RETENTION_MS)}))
     return out
 
 
-async def ensure_topics(client_args: dict, prefix: str = "", replication: int = 1) -> list[str]:
-    """Create missing topics; returns the names created. Existing topics are left as they are."""
+async def ensure_topics(client_args: dict, prefix: str = "", replication: int = 1, timeout: float = 30) -> list[str]:
+    """Create missing topics and wait until every partition has a leader; returns the names created."""
     admin = AIOKafkaAdminClient(**client_args)
     await admin.start()
     try:
@@ -28,6 +34,23 @@ async def ensure_topics(client_args: dict, prefix: str = "", replication: int = 
                 await admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass  # another process created them between list and create
+            await _wait_for_leaders(admin, [nt.name for nt in missing], timeout)
         return [nt.name for nt in missing]
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout: float) -> None:
+    """New topics refuse writes until their partitions have leaders; wait so producers start clean."""
+    deadline = time.monotonic() + timeout
+    while True:
+        described = await admin.describe_topics(names)
+        pending = [
+            d["topic"] for d in described
+            if d["error_code"] != 0 or not d["partitions"] or any(p["leader"] < 0 for p in d["partitions"])
+        ]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise BrokerError(f"topics without leaders after {timeout:.0f}s: {', '.join(pending[:5])}")
+        await asyncio.sleep(0.1)

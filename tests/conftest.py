@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap():
+def kafka_bootstrap(tmp_path_factory):
     """Bootstrap servers of a real broker for this test session.
 
     KAFKA_BOOTSTRAP_SERVERS wins (CI starts the project's broker and exports it); else testcontainers
@@ -50,7 +50,7 @@ def kafka_bootstrap():
         return
     from fleetpulse.broker import LocalKafka
 
-    broker = LocalKafka(REPO / ".fleetpulse" / "test-kafka", port=_free_port(), controller_port=_free_port())
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), port=_free_port(), controller_port=_free_port())
     bootstrap = broker.start()
     try:
         yield bootstrap

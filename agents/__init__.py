@@ -1,0 +1,1 @@
+"""Host side: collectors that read a GPU host, the Kafka publisher they share, and the fleet simulator."""

@@ -1,0 +1,119 @@
+"""The agents' Kafka publisher: idempotent, zstd-compressed, keyed per topic, deliveries checked in bulk."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.codec import has_zstd
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel
+
+from fleetpulse.errors import BrokerError, ConfigError
+from fleetpulse.settings import CommonSettings
+from schemas.codec import encode
+from schemas.topics import Topic
+
+DEFAULT_MAX_PENDING = 20_000
+
+
+class Publisher:
+    """Sends registry messages to `settings.topic_prefix + topic.name`, keyed by `topic.key_of(value)`.
+
+    `send` only enqueues; delivery results are collected and checked by `flush` (called automatically once
+    `max_pending` deliveries are outstanding), so a burst of thousands of records is batched by the producer
+    instead of awaited one at a time. `sent` counts delivered records per registry topic name.
+    Subclasses extend delivery by overriding `_produce` (e.g. an on-disk spool).
+    """
+
+    def __init__(self, settings: CommonSettings, *, client_id: str = "fleetpulse-agent", linger_ms: int = 20,
+                 compression_type: str | None = "zstd", max_batch_size: int = 512 * 1024,
+                 max_pending: int = DEFAULT_MAX_PENDING, **producer_args):
+        if compression_type == "zstd" and not has_zstd():
+            raise ConfigError("zstd compression needs cramjam (pip install 'aiokafka[zstd]')")
+        self.settings = settings
+        self.prefix = settings.topic_prefix
+        self.max_pending = max_pending
+        self.sent: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self._pending: list[tuple[str, asyncio.Future]] = []
+        self._producer_args = {
+            **settings.kafka_client_args(), "client_id": client_id, "enable_idempotence": True, "acks": "all",
+            "compression_type": compression_type, "linger_ms": linger_ms, "max_batch_size": max_batch_size,
+            **producer_args,
+        }
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        if self._producer is not None:
+            return
+        producer = AIOKafkaProducer(**self._producer_args)
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            await producer.stop()
+            raise BrokerError(f"cannot connect the producer to {self.settings.bootstrap}: {exc!r}") from exc
+        self._producer = producer
+
+    async def send(self, topic: Topic, value: dict | BaseModel) -> None:
+        """Encode and enqueue one record; returns once the producer accepted it (not once it is delivered)."""
+        data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        await self._produce(topic, topic.key_of(data), encode(data))
+
+    async def send_many(self, topic: Topic, values: list[dict]) -> None:
+        for value in values:
+            await self._produce(topic, topic.key_of(value), encode(value))
+
+    async def _produce(self, topic: Topic, key: bytes, value: bytes) -> None:
+        if self._producer is None:
+            raise RuntimeError("Publisher.start() was not called")
+        try:
+            future = await self._producer.send(topic.full(self.prefix), value=value, key=key)
+        except KafkaError as exc:  # refused before it was queued (too large, unknown topic, producer closed)
+            self.failed[topic.name] += 1
+            error = BrokerError(f"{topic.full(self.prefix)}: record refused by the producer: {exc!r}")
+            error.retryable = bool(getattr(exc, "retriable", False))
+            raise error from exc
+        self._pending.append((topic.name, future))
+        if len(self._pending) >= self.max_pending:
+            await self.flush()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> None:
+        """Wait for every outstanding delivery; count them; raise BrokerError if any failed."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        results = await asyncio.gather(*(f for _, f in pending), return_exceptions=True)
+        first_error: BaseException | None = None
+        for (name, _), result in zip(pending, results):
+            if isinstance(result, BaseException):
+                self.failed[name] += 1
+                first_error = first_error or result
+            else:
+                self.sent[name] += 1
+        if first_error is not None:
+            error = BrokerError(f"{sum(self.failed.values())} records not delivered; first: {first_error!r}")
+            error.retryable = getattr(first_error, "retriable", True)
+            raise error from first_error
+
+    async def close(self) -> None:
+        """Flush what is outstanding, then stop the producer (also when the flush failed)."""
+        if self._producer is None:
+            return
+        try:
+            await self.flush()
+        finally:
+            producer, self._producer = self._producer, None
+            await producer.stop()
+
+    async def __aenter__(self) -> Publisher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()

@@ -1,0 +1,203 @@
+"""Applies a scenario tick by tick: per-GPU effects, the XID lines each injection logs, and its ground truth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.simulator import xid
+from agents.simulator.fleet import GPUS_PER_HOST, Fleet
+from agents.simulator.gpu_state import Effects, GpuState
+from agents.simulator.scenario import COMMON_FIELDS, Scenario, XidFault
+from fleetpulse.errors import ConfigError
+
+EXPECTED = {
+    "thermal_runaway": ["alert:thermal", "throttle:hw_thermal"],
+    "power_cap": ["throttle:sw_power_cap"],
+    "slow_rank": ["straggler"],
+    "ecc_dbe": ["fault:ecc_dbe", "fault:xid:48", "bin:reset"],
+    "row_remap_failure": ["fault:row_remap_failure", "fault:xid:64", "bin:replace"],
+    "nvlink_crc": ["fault:nvlink_crc"],
+    "pcie_replay": ["fault:pcie_replay"],
+    "gpu_lost": ["fault:gpu_lost", "fault:xid:79", "bin:reboot"],
+}
+SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler
+
+
+@dataclass
+class Injection:
+    """One scenario entry resolved against the fleet."""
+
+    number: int
+    spec: object
+    host: int
+    gpus: np.ndarray  # global GPU indices hit
+    job: str | None
+    rank: int | None
+    started: bool = False
+    ended: bool = False
+    start_temp: np.ndarray | None = None
+
+
+def _resolve(fleet: Fleet, number: int, spec) -> Injection:
+    where = f"faults.{number}"
+    if spec.job is not None:
+        names = [j.name for j in fleet.jobs]
+        if isinstance(spec.job, str) and spec.job in names:
+            job = fleet.jobs[names.index(spec.job)]
+        elif isinstance(spec.job, int) and 0 <= spec.job < len(fleet.jobs):
+            job = fleet.jobs[spec.job]
+        else:
+            raise ConfigError(f"scenario: {where}.job: no job {spec.job!r} (fleet has {len(fleet.jobs)} jobs)")
+        if spec.rank >= job.world_size:
+            raise ConfigError(f"scenario: {where}.rank: {spec.rank} >= world size {job.world_size} of {job.name}")
+        gpu = fleet.gpu_of_rank(job, spec.rank)
+        return Injection(number, spec, gpu // GPUS_PER_HOST, np.array([gpu]), job.name, spec.rank)
+    if isinstance(spec.host, str):
+        if spec.host not in fleet.hosts:
+            raise ConfigError(f"scenario: {where}.host: no host named {spec.host!r}")
+        host = fleet.hosts.index(spec.host)
+    elif 0 <= spec.host < fleet.n_hosts:
+        host = spec.host
+    else:
+        raise ConfigError(f"scenario: {where}.host: index {spec.host} outside the fleet's {fleet.n_hosts} hosts")
+    indices = range(GPUS_PER_HOST) if spec.gpu is None else [spec.gpu]
+    gpus = np.array([host * GPUS_PER_HOST + i for i in indices])
+    placed = fleet.rank_of(int(gpus[0]))
+    if spec.kind == "slow_rank" and placed is None:
+        raise ConfigError(f"scenario: {where}.host: {fleet.hosts[host]} runs no job, so it has no rank to slow")
+    job, rank = (placed[0].name, placed[1]) if placed else (None, None)
+    return Injection(number, spec, host, gpus, job, rank if gpus.size == 1 else None)
+
+
+class FaultInjector:
+    """Holds the resolved injections; `apply` returns this tick's effects, XID events and truth records."""
+
+    def __init__(self, fleet: Fleet, scenario: Scenario, state: GpuState, rng: np.random.Generator, *,
+                 run_id: str, start_ts: float):
+        self.fleet, self.scenario, self.state, self.rng = fleet, scenario, state, rng
+        self.run_id, self.start_ts = run_id, start_ts
+        self.injections = [_resolve(fleet, i, spec) for i, spec in enumerate(scenario.faults)]
+
+    def apply(self, t_prev: float, t_now: float) -> tuple[Effects, list[dict], list[dict]]:
+        """Effects for the tick at relative time t_now; events that fall in (t_prev, t_now] fire now."""
+        fx, events, truth = Effects.healthy(self.fleet), [], []
+        for inj in self.injections:
+            spec = inj.spec
+            if not inj.started and spec.at <= t_now:
+                inj.started = True
+                truth.append(self._truth(inj))
+                events.extend(self._start(inj))
+            if isinstance(spec, XidFault) and inj.started:
+                events.extend(self._xid_repeats(inj, t_prev, t_now))
+            if inj.started and not inj.ended and t_now >= spec.end:
+                inj.ended = True
+                self._end(inj)
+            if inj.started and not inj.ended:
+                self._effect(inj, fx, t_now)
+        events.sort(key=lambda e: e["ts"])
+        return fx, events, truth
+
+    def _event(self, gpu: int, ts: float, code: int, message: str | None = None, caused_by: int | None = None) -> dict:
+        host, index = divmod(gpu, GPUS_PER_HOST)
+        f = self.fleet
+        return xid.xid_event(ts=ts, host=f.hosts[host], rack=f.racks[host], cluster=f.cluster, gpu_index=index,
+                             gpu_uuid=f.uuids[host][index], pci_bus_id=f.pci_ids[index], code=code,
+                             message=message or xid.message_for(code, self.rng), caused_by=caused_by)
+
+    def _log(self, gpu: int, ts: float, code: int, message: str | None = None,
+             caused_by: int | None = None) -> list[dict]:
+        """The Xid line, and the Xid 154 line when the code changes the GPU's recovery action."""
+        s = self.state
+        out = [self._event(gpu, ts, code, message, caused_by)]
+        s.last_xid[gpu] = code
+        new = xid.RECOVERY_ACTION.get(code)
+        if new is not None and new != s.recovery_action[gpu]:
+            old = int(s.recovery_action[gpu])
+            s.recovery_action[gpu] = new
+            out.append(self._event(gpu, ts + 0.001, 154, xid.recovery_message(old, new)))
+        return out
+
+    def _start(self, inj: Injection) -> list[dict]:
+        spec, s, kind = inj.spec, self.state, inj.spec.kind
+        ts = self.start_ts + spec.at
+        out: list[dict] = []
+        for g in inj.gpus.tolist():
+            if kind == "xid":
+                out += self._log(g, ts, spec.code, spec.message, spec.caused_by)
+            elif kind == "ecc_dbe":
+                s.ecc_dbe_volatile[g] += 1
+                s.ecc_dbe_aggregate[g] += 1
+                s.remapped_uncorrectable[g] += 1
+                s.row_remap_pending[g] = True
+                out += self._log(g, ts, 48)
+                out.append(self._event(g, ts + 0.0005, 63))
+                s.last_xid[g] = 48
+            elif kind == "row_remap_failure":
+                s.remapped_uncorrectable[g] += 1
+                s.row_remap_failure[g] = True
+                out += self._log(g, ts, 64)
+            elif kind == "gpu_lost":
+                out += self._log(g, ts, 79)
+        if kind == "thermal_runaway":
+            inj.start_temp = s.temp[inj.gpus].copy()
+        return out
+
+    def _xid_repeats(self, inj: Injection, t_prev: float, t_now: float) -> list[dict]:
+        spec, out = inj.spec, []
+        for m in range(1, spec.count):
+            t = spec.at + m * spec.every
+            if t_prev < t <= t_now and t < spec.end:
+                for g in inj.gpus.tolist():
+                    out += self._log(g, self.start_ts + t, spec.code, spec.message, spec.caused_by)
+        return out
+
+    def _end(self, inj: Injection) -> None:
+        """What ending means: a reset activates the pending remap; a lost GPU is back after a reboot."""
+        s, g = self.state, inj.gpus
+        if inj.spec.kind == "ecc_dbe":
+            s.row_remap_pending[g] = False
+            s.recovery_action[g] = 0
+        elif inj.spec.kind == "gpu_lost":
+            s.recovery_action[g] = 0
+            s.last_xid[g] = -1
+
+    def _effect(self, inj: Injection, fx: Effects, t_now: float) -> None:
+        spec, g, kind = inj.spec, inj.gpus, inj.spec.kind
+        if kind == "thermal_runaway":
+            share = 1.0 if spec.ramp_s == 0 else min(1.0, (t_now - spec.at) / spec.ramp_s)
+            fx.temp_target_c[g] = inj.start_temp + (spec.peak_c + 0.4 - inj.start_temp) * share
+        elif kind == "power_cap":
+            fx.power_limit_w[g] = np.minimum(fx.power_limit_w[g], spec.cap_w)
+        elif kind == "slow_rank":
+            fx.compute_factor[g] *= 1.0 + spec.slowdown_pct / 100.0
+        elif kind == "nvlink_crc":
+            fx.crc_rate[g] += spec.rate_per_s
+        elif kind == "pcie_replay":
+            fx.pcie_rate[g] += spec.rate_per_s
+        elif kind == "gpu_lost":
+            fx.present[g] = False
+
+    def _truth(self, inj: Injection) -> dict:
+        spec, f = inj.spec, self.fleet
+        if spec.kind == "xid":
+            kind, expected = f"xid{spec.code}", [f"fault:xid:{spec.code}"]
+            if spec.code in xid.EXPECTED_BIN:
+                expected.append(f"bin:{xid.EXPECTED_BIN[spec.code]}")
+            hardware = spec.code not in xid.SOFTWARE_CODES
+        else:
+            kind, expected, hardware = spec.kind, list(EXPECTED[spec.kind]), True
+            if spec.kind in SLOWS_RANK and inj.job is not None:
+                expected.append("straggler")
+        params = {k: float(v) for k, v in spec.model_dump(exclude=COMMON_FIELDS).items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return {
+            "run_id": self.run_id, "fault_id": f"{self.run_id}-{inj.number:03d}", "kind": kind,
+            "host": f.hosts[inj.host], "rack": f.racks[inj.host],
+            "gpu_index": int(inj.gpus[0] % GPUS_PER_HOST) if inj.gpus.size == 1 else None,
+            "job": inj.job, "rank": inj.rank, "ts": self.start_ts + spec.at,
+            "end_ts": None if spec.duration is None else self.start_ts + spec.end,
+            "hardware": spec.hardware if spec.hardware is not None else hardware,
+            "expected": expected, "params": params,
+        }

@@ -1,0 +1,159 @@
+"""Vectorised GPU physics for the fleet: utilisation drives power drives temperature; clocks, throttling, counters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.simulator.fleet import GPUS_PER_HOST, Fleet
+
+# NVML clocks-event reason bits (REFERENCE.md §4).
+GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x8, 0x20, 0x40
+TAU_GPU_S, TAU_HBM_S = 8.0, 15.0  # first-order thermal lag of die and HBM stacks
+SW_THERMAL_CLOCK, HW_SLOWDOWN_CLOCK = 0.85, 0.5  # clock ratio while the bit is set (HW slowdown cuts >= 2x)
+COMPUTE_BOUND = 0.7  # share of a step that scales with SM clock
+# Background rates per GPU per second of rare counter increments.
+SBE_RATE, PCIE_RATE, CRC_RATE, NVL_REPLAY_RATE = 2e-5, 1e-5, 3e-5, 1e-5
+DAY_S = 86400.0
+
+
+def diurnal(ts: float) -> float:
+    """Fleet-wide time-of-day swing in [-1, 1]: peaks mid-afternoon UTC (Llama 3 saw 1-2% from DVFS)."""
+    return math.sin(2 * math.pi * ((ts % DAY_S) / DAY_S - 0.375))
+
+
+@dataclass
+class Effects:
+    """Per-GPU modifiers that active faults set for one tick (defaults = healthy)."""
+
+    power_limit_w: np.ndarray
+    temp_target_c: np.ndarray  # NaN = none; else the die is driven at least to this temperature
+    crc_rate: np.ndarray
+    pcie_rate: np.ndarray
+    compute_factor: np.ndarray
+    present: np.ndarray
+
+    @classmethod
+    def healthy(cls, fleet: Fleet) -> Effects:
+        n = fleet.n_gpus
+        return cls(np.full(n, fleet.device.power_limit_w), np.full(n, np.nan), np.zeros(n), np.zeros(n),
+                   np.ones(n), np.ones(n, dtype=bool))
+
+
+class GpuState:
+    """All GPUs' live values as numpy arrays of length hosts*8; `advance` moves them one interval."""
+
+    def __init__(self, fleet: Fleet, rng: np.random.Generator):
+        self.fleet, self.rng, spec = fleet, rng, fleet.device
+        n, gpu_job = fleet.n_gpus, fleet.gpu_job
+        self.in_job = gpu_job >= 0
+        job_rng = rng.uniform(size=(max(len(fleet.jobs), 1), 4))
+        jg = np.maximum(gpu_job, 0)
+        # Per-job workload shape, per-GPU silicon and airflow differences.
+        self.util_level = np.where(self.in_job, 90.0 + 9.0 * job_rng[jg, 0], 0.0)
+        self.peak_w = spec.idle_power_w + (spec.power_limit_w - spec.idle_power_w) * (0.72 + 0.22 * job_rng[jg, 1])
+        self.mem_frac = 0.70 + 0.22 * job_rng[jg, 2]
+        self.tensor_share = 0.45 + 0.25 * job_rng[jg, 3]
+        self.job_mem_mib = np.round(spec.mem_total_mib * self.mem_frac + rng.normal(0.0, 150.0, n))
+        self.r_th = rng.normal(0.060, 0.003, n)  # C per W, die to inlet
+        self.r_hbm = rng.normal(0.058, 0.003, n)
+        position = np.tile(np.arange(GPUS_PER_HOST), fleet.n_hosts)
+        self.inlet_c = 24.0 + 0.4 * position + rng.normal(0.0, 0.8, n)  # rear GPUs breathe warmer air
+        self.clock_bin = 15.0 * rng.integers(0, 4, n)  # boost clock differs by a few 15 MHz bins
+        # Live values.
+        self.util = np.zeros(n)
+        self.util_noise = np.zeros(n)
+        self.mem_util = np.zeros(n)
+        self.sm_active = np.zeros(n)
+        self.tensor_active = np.zeros(n)
+        self.mem_used = np.zeros(n)
+        # Start in thermal steady state at the expected load, so the first minutes need no warm-up.
+        self.power = spec.idle_power_w + (self.peak_w - spec.idle_power_w) * self.util_level / 100.0
+        self.temp = self.inlet_c + self.r_th * self.power
+        self.hbm_temp = self.inlet_c + 3.0 + self.r_hbm * self.power
+        self.sm_clock = np.full(n, spec.idle_sm_clock_mhz)
+        self.clock_ratio = np.ones(n)
+        self.throttle = np.zeros(n, dtype=np.int64)
+        self.active = np.zeros(n, dtype=bool)
+        self.power_limit = np.full(n, spec.power_limit_w)
+        self.energy_mj = (rng.uniform(1, 30, n) * DAY_S * 350.0 * 1000).astype(np.int64)
+        self.ecc_sbe_volatile = np.zeros(n, dtype=np.int64)
+        self.ecc_sbe_aggregate = rng.poisson(3.0, n).astype(np.int64)
+        self.ecc_dbe_volatile = np.zeros(n, dtype=np.int64)
+        self.ecc_dbe_aggregate = np.zeros(n, dtype=np.int64)
+        self.remapped_correctable = rng.poisson(0.3, n).astype(np.int64)
+        self.remapped_uncorrectable = np.zeros(n, dtype=np.int64)
+        self.row_remap_pending = np.zeros(n, dtype=bool)
+        self.row_remap_failure = np.zeros(n, dtype=bool)
+        self.pcie_replay = rng.poisson(1.0, n).astype(np.int64)
+        self.nvlink_crc = rng.poisson(5.0, n).astype(np.int64)
+        self.nvlink_replay = rng.poisson(1.0, n).astype(np.int64)
+        self.nvlink_recovery = np.zeros(n, dtype=np.int64)
+        self.last_xid = np.full(n, -1, dtype=np.int64)  # -1 = none since driver load
+        self.recovery_action = np.zeros(n, dtype=np.int64)
+        self.present = np.ones(n, dtype=bool)
+
+    def job_running(self, present: np.ndarray) -> np.ndarray:
+        """Per GPU: its job is running (a job with a lost GPU has crashed, so all its GPUs go idle)."""
+        gpu_job = self.fleet.gpu_job
+        if present.all():
+            return self.in_job.copy()
+        down = np.unique(gpu_job[~present & self.in_job])
+        return self.in_job & ~np.isin(gpu_job, down) & present
+
+    def advance(self, dt: float, ts: float, fx: Effects) -> None:
+        spec, rng, n = self.fleet.device, self.rng, self.fleet.n_gpus
+        swing = diurnal(ts)
+        self.present = fx.present.copy()
+        self.active = self.job_running(fx.present)
+        # Utilisation: per-job level plus AR(1) noise; idle GPUs read 0.
+        self.util_noise = 0.7 * self.util_noise + rng.normal(0.0, 1.2, n)
+        self.util = np.where(self.active, np.clip(self.util_level + self.util_noise, 0.0, 100.0), 0.0)
+        self.mem_util = np.where(self.active, np.clip(0.45 * self.util + rng.normal(0.0, 2.0, n), 0.0, 100.0), 0.0)
+        self.sm_active = np.where(self.active, np.clip(0.0082 * self.util + rng.normal(0.0, 0.01, n), 0.0, 1.0), 0.0)
+        self.tensor_active = self.sm_active * self.tensor_share
+        self.mem_used = np.where(self.active, self.job_mem_mib, 0.0)
+        # Temperature lags the power of the previous interval; a runaway drives it to its own target.
+        inlet = self.inlet_c + 1.5 * swing
+        target = inlet + self.r_th * self.power
+        forced = ~np.isnan(fx.temp_target_c)
+        lift = np.where(forced, np.maximum(np.nan_to_num(fx.temp_target_c) - target, 0.0), 0.0)
+        self.temp += (target + lift - self.temp) * (1.0 - math.exp(-dt / TAU_GPU_S))
+        hbm_target = inlet + 3.0 + self.r_hbm * self.power + 0.6 * lift
+        self.hbm_temp += (hbm_target - self.hbm_temp) * (1.0 - math.exp(-dt / TAU_HBM_S))
+        # Throttle reasons from the temperatures just read, then clocks and power.
+        die, hbm = np.rint(self.temp), np.rint(self.hbm_temp)  # NVML reads whole degrees; limits compare those
+        hw = die >= spec.slowdown_temp_c
+        sw = (die >= spec.gpu_max_op_temp_c) | (hbm >= spec.hbm_max_op_temp_c)
+        ratio = np.where(hw, HW_SLOWDOWN_CLOCK, np.where(sw, SW_THERMAL_CLOCK, 1.0))
+        demand_dyn = (self.peak_w - spec.idle_power_w) * self.util / 100.0
+        demand_dyn *= (1.0 + 0.01 * swing) * (1.0 + rng.normal(0.0, 0.015, n)) * ratio ** 2
+        self.power_limit = fx.power_limit_w.copy()
+        headroom = np.maximum(self.power_limit * rng.uniform(0.985, 0.998, n) - spec.idle_power_w, 1.0)
+        capped = self.active & (demand_dyn > headroom)
+        ratio = np.where(capped, ratio * (headroom / np.maximum(demand_dyn, 1.0)) ** (1.0 / 3.0), ratio)
+        dyn = np.where(capped, headroom, np.maximum(demand_dyn, 0.0))
+        self.power = np.minimum(spec.idle_power_w * (1.0 + rng.normal(0.0, 0.01, n)) + dyn, self.power_limit)
+        self.clock_ratio = np.where(self.active, ratio, 1.0)
+        boost = spec.max_sm_clock_mhz - self.clock_bin
+        self.sm_clock = np.where(self.active, np.floor(boost * self.clock_ratio / 15.0) * 15.0, spec.idle_sm_clock_mhz)
+        self.throttle = (np.where(~self.active, GPU_IDLE, 0) | np.where(capped, SW_POWER_CAP, 0)
+                         | np.where(sw, SW_THERMAL, 0) | np.where(hw, HW_THERMAL | HW_SLOWDOWN, 0))
+        self.energy_mj += np.rint(self.power * dt * 1000.0).astype(np.int64)
+        self._count_errors(dt, fx)
+
+    def _count_errors(self, dt: float, fx: Effects) -> None:
+        rng, n = self.rng, self.fleet.n_gpus
+        sbe = rng.poisson(SBE_RATE * dt, n)
+        self.ecc_sbe_volatile += sbe
+        self.ecc_sbe_aggregate += sbe
+        self.pcie_replay += rng.poisson((PCIE_RATE + fx.pcie_rate) * dt)
+        self.nvlink_crc += rng.poisson((CRC_RATE + fx.crc_rate) * dt)
+        self.nvlink_replay += rng.poisson((NVL_REPLAY_RATE + 0.1 * fx.crc_rate) * dt)
+        self.nvlink_recovery += rng.poisson(0.005 * fx.crc_rate * dt)
+
+    def step_time_factor(self) -> np.ndarray:
+        """How much longer a step takes at the current clocks: compute-bound share scales with 1/clock."""
+        return COMPUTE_BOUND / self.clock_ratio + (1.0 - COMPUTE_BOUND)

@@ -1,0 +1,188 @@
+"""FleetSimulator (pure, one tick at a time) and `simulate`, which publishes its ticks to Kafka in real or fast time."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel, Field
+
+from agents.publisher import Publisher
+from agents.simulator.faults import FaultInjector
+from agents.simulator.fleet import build_fleet
+from agents.simulator.gpu_state import GpuState
+from agents.simulator.nccl import NcclModel
+from agents.simulator.samples import host_samples
+from agents.simulator.scenario import Scenario, load_scenario
+from fleetpulse.errors import BrokerError
+from fleetpulse.kafka_admin import ensure_topics
+from fleetpulse.settings import CommonSettings
+from schemas.analytics import InjectedFault
+from schemas.topics import NCCL, SAMPLES, TRUTH, XID
+
+
+@dataclass
+class Tick:
+    """Everything one interval produces: a sample per host, and the XID, NCCL and truth records due in it."""
+
+    index: int
+    ts: float
+    samples: list[dict]
+    xid: list[dict] = field(default_factory=list)
+    nccl: list[dict] = field(default_factory=list)
+    truth: list[dict] = field(default_factory=list)
+
+
+class FleetSimulator:
+    """A seeded, deterministic fleet: `step()` builds the next tick without touching Kafka.
+
+    Streams of randomness are split per concern, so e.g. changing the NCCL cadence leaves the telemetry as it was.
+    `nccl_interval` is the simulated seconds between one rank's collective records (0 = no NCCL records).
+    """
+
+    def __init__(self, hosts: int, *, seed: int = 0, scenario: str | Path | dict | Scenario | None = None,
+                 interval: float = 1.0, start_ts: float | None = None, cluster: str = "sim", gpu_model: str = "H100",
+                 nccl_interval: float = 1.0, run_id: str | None = None):
+        if interval <= 0:
+            raise ValueError("interval must be > 0")
+        if nccl_interval < 0:
+            raise ValueError("nccl_interval must be >= 0")
+        self.scenario = load_scenario(scenario)
+        self.seed, self.interval, self.nccl_interval = seed, interval, nccl_interval
+        self.start_ts = time.time() if start_ts is None else start_ts
+        self.run_id = run_id or self._run_id(hosts)
+        self.fleet = build_fleet(hosts, seed=seed, cluster=cluster, gpu_model=gpu_model)
+        telemetry_rng, nccl_rng, fault_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+        self.state = GpuState(self.fleet, telemetry_rng)
+        self.nccl = NcclModel(self.fleet, nccl_rng)
+        self.faults = FaultInjector(self.fleet, self.scenario, self.state, fault_rng,
+                                    run_id=self.run_id, start_ts=self.start_ts)
+        self.index = 0
+        self._next_collective = 0  # index of the next collective step (at nccl_interval * index)
+
+    def _run_id(self, hosts: int) -> str:
+        digest = hashlib.blake2b(f"{self.seed}/{hosts}/{self.scenario.name}/{self.start_ts}".encode(), digest_size=4)
+        return f"sim-{self.scenario.name}-{digest.hexdigest()}"
+
+    def step(self) -> Tick:
+        k, dt = self.index, self.interval
+        t_now = k * dt
+        ts = self.start_ts + t_now
+        effects, xid_events, truth = self.faults.apply(t_now - dt, t_now)
+        self.state.advance(dt, ts, effects)
+        tick = Tick(k, ts, host_samples(self.fleet, self.state, ts=ts, seq=k), xid_events, [], truth)
+        if self.nccl_interval > 0:
+            slowdown = self.state.step_time_factor() * effects.compute_factor
+            running = self.state.active
+            while self._next_collective * self.nccl_interval < t_now + dt - 1e-9:
+                step_ts = self.start_ts + self._next_collective * self.nccl_interval
+                tick.nccl.extend(self.nccl.records(step_ts, slowdown, running))
+                self._next_collective += 1
+        self.index += 1
+        return tick
+
+
+def build_tick(hosts: int, *, seed: int = 0, ts: float = 1_700_000_000.0, **kwargs) -> Tick:
+    """The first tick of a fresh fleet, without Kafka (unit tests, benchmarks)."""
+    return FleetSimulator(hosts, seed=seed, start_ts=ts, **kwargs).step()
+
+
+class SimulationReport(BaseModel):
+    """What a run published, per topic, and the ground truth of what it injected."""
+
+    run_id: str
+    scenario: str
+    seed: int
+    hosts: int
+    gpus: int
+    interval: float
+    ticks: int
+    start_ts: float
+    end_ts: float = Field(description="timestamp of the last tick published")
+    wall_s: float
+    stopped_early: bool = False
+    topic_prefix: str = ""
+    sent: dict[str, int] = Field(description="records delivered per registry topic name")
+    gpu_readings: int = Field(description="GPU rows inside the samples (hosts*8 per tick, less lost GPUs)")
+    truth: list[InjectedFault]
+
+
+def _aligned_start(interval: float) -> float:
+    """The next wall-clock multiple of `interval`, so samples land on round seconds like a real collector's."""
+    return math.ceil(time.time() / interval) * interval
+
+
+async def simulate(settings: CommonSettings, *, hosts: int, duration: float, seed: int = 0,
+                   scenario: str | Path | None = None, speed: float = 1.0, start_ts: float | None = None,
+                   interval: float = 1.0, stop: asyncio.Event | None = None, nccl_interval: float = 1.0,
+                   cluster: str = "sim", on_tick: Callable[[Tick, Publisher], None] | None = None) -> SimulationReport:
+    """Publish round(duration / interval) ticks: one HostSample per host per tick, plus XID, NCCL and truth records.
+
+    speed 1 paces ticks on the wall clock; speed N runs N times faster; speed 0 runs as fast as possible.
+    Timestamps advance by `interval` per tick from `start_ts` (default: now, aligned to the interval).
+    """
+    if speed < 0:
+        raise ValueError("speed must be >= 0")
+    ticks = max(0, round(duration / interval))
+    aligned = start_ts is None and speed == 1.0
+    sim = FleetSimulator(hosts, seed=seed, scenario=scenario, interval=interval, cluster=cluster,
+                         start_ts=_aligned_start(interval) if aligned else start_ts, nccl_interval=nccl_interval)
+    try:
+        await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot create the topics on {settings.bootstrap}: {exc!r}") from exc
+    truth: list[dict] = []
+    gpu_readings = 0
+    wall0 = time.monotonic()
+    clock0 = time.time()
+    done = 0
+    async with Publisher(settings, client_id=f"fleetpulse-simulator-{sim.run_id}") as pub:
+        for k in range(ticks):
+            if stop is not None and stop.is_set():
+                break
+            if speed > 0:
+                due = (sim.start_ts + k * interval - clock0) if aligned else k * interval / speed
+                delay = due - ((time.time() - clock0) if aligned else (time.monotonic() - wall0))
+                if delay > 0:
+                    await _sleep_or_stop(delay, stop)
+                    if stop is not None and stop.is_set():
+                        break
+            tick = sim.step()
+            await pub.send_many(TRUTH, tick.truth)
+            await pub.send_many(XID, tick.xid)
+            await pub.send_many(SAMPLES, tick.samples)
+            await pub.send_many(NCCL, tick.nccl)
+            truth.extend(tick.truth)
+            gpu_readings += sum(len(s["gpus"]) for s in tick.samples)
+            if speed > 0:
+                await pub.flush()
+            else:
+                await asyncio.sleep(0)
+            done += 1
+            if on_tick is not None:
+                on_tick(tick, pub)
+        await pub.flush()
+        sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, TRUTH)}
+    return SimulationReport(
+        run_id=sim.run_id, scenario=sim.scenario.name, seed=seed, hosts=hosts, gpus=sim.fleet.n_gpus,
+        interval=interval, ticks=done, start_ts=sim.start_ts, end_ts=sim.start_ts + max(done - 1, 0) * interval,
+        wall_s=round(time.monotonic() - wall0, 3), stopped_early=done < ticks, topic_prefix=settings.topic_prefix,
+        sent=sent, gpu_readings=gpu_readings, truth=[InjectedFault.model_validate(t) for t in truth],
+    )
+
+
+async def _sleep_or_stop(delay: float, stop: asyncio.Event | None) -> None:
+    if stop is None:
+        await asyncio.sleep(delay)
+        return
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=delay)
+    except TimeoutError:
+        pass

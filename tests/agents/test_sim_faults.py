@@ -1,0 +1,165 @@
+"""Injected faults show up the way the real ones do: thermal, power cap, slow rank, ECC, remap, NVLink, lost GPU."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from agents.simulator import FleetSimulator
+from agents.simulator.gpu_state import HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
+from agents.simulator.scenario import load_scenario
+
+TS0 = 1_700_000_000.0
+XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?"
+                    r"(?: GPU-I:(\d+))?\): (\d+), (.*)$")
+
+
+def sim_with(faults: list[dict], hosts: int = 4, seed: int = 0, **kwargs) -> FleetSimulator:
+    return FleetSimulator(hosts, seed=seed, start_ts=TS0, scenario={"name": "t", "faults": faults}, **kwargs)
+
+
+def run(sim: FleetSimulator, ticks: int):
+    return [sim.step() for _ in range(ticks)]
+
+
+def gpu(sample: dict, index: int) -> dict | None:
+    found = [g for g in sample["gpus"] if g["index"] == index]
+    return found[0] if found else None
+
+
+def test_thermal_runaway_crosses_slowdown_with_hw_thermal_bits_then_recovers():
+    sim = FleetSimulator(4, seed=0, start_ts=TS0, scenario="thermal-runaway")  # host 0 GPU 3, 30 s + 60 s
+    ticks = run(sim, 130)
+    hot = [gpu(t.samples[0], 3) for t in ticks]
+    temps = np.array([g["gpu_temp_c"] for g in hot])
+    bits = np.array([g["throttle_reasons"] for g in hot])
+    assert temps[:30].max() < 80 and not (bits[:30] & (HW_THERMAL | SW_THERMAL)).any()
+    over = np.flatnonzero(temps >= 89)
+    assert over.size >= 15 and 30 < over[0] < 90
+    assert all(bits[i] & HW_THERMAL and bits[i] & HW_SLOWDOWN for i in over)
+    assert temps.max() < 92  # toward shutdown, not past it
+    assert all(hot[i]["sm_clock_mhz"] <= 0.5 * 1980 for i in over)
+    assert temps[115:].max() < 80 and not (bits[100:] & (HW_THERMAL | HW_SLOWDOWN)).any()
+    neighbours = [gpu(t.samples[0], 2)["gpu_temp_c"] for t in ticks]
+    assert max(neighbours) < 80
+    (truth,) = [r for t in ticks for r in t.truth]
+    assert (truth["kind"], truth["host"], truth["gpu_index"], truth["ts"], truth["end_ts"]) == (
+        "thermal_runaway", "gpu-node-0000", 3, TS0 + 30, TS0 + 90)
+    assert truth["job"] == "job-0000" and truth["rank"] == 3 and "straggler" in truth["expected"]
+
+
+def test_power_cap_clips_power_sets_sw_power_cap_and_lowers_clocks():
+    ticks = run(sim_with([{"kind": "power_cap", "at": 5, "duration": 10, "host": 1, "gpu": 2, "cap_w": 350}]), 25)
+    during = [t.samples[1] for t in ticks[6:15]]
+    for s in during:
+        capped, peer = gpu(s, 2), gpu(s, 3)
+        assert capped["power_limit_w"] == 350 and capped["power_w"] <= 350
+        assert capped["throttle_reasons"] & SW_POWER_CAP and not peer["throttle_reasons"] & SW_POWER_CAP
+        assert capped["sm_clock_mhz"] < peer["sm_clock_mhz"] - 150
+    after = gpu(ticks[-1].samples[1], 2)
+    assert after["power_limit_w"] == 700 and not after["throttle_reasons"] & SW_POWER_CAP
+
+
+def test_slow_rank_computes_slower_and_the_others_wait_longer():
+    sim = sim_with([{"kind": "slow_rank", "at": 20, "job": "job-0000", "rank": 9, "slowdown_pct": 20}], seed=3)
+    ticks = run(sim, 40)
+
+    def per_rank(records, field):
+        by = {}
+        for r in records:
+            by.setdefault(r["rank"], []).append(r[field])
+        return {k: float(np.median(v)) for k, v in by.items()}
+
+    before = [r for t in ticks[:20] for r in t.nccl]
+    after = [r for t in ticks[20:] for r in t.nccl]
+    c_before, c_after = per_rank(before, "compute_us"), per_rank(after, "compute_us")
+    others = [r for r in c_after if r != 9]
+    ratio = c_after[9] / np.median([c_after[r] for r in others])
+    assert 1.17 < ratio < 1.23
+    assert abs(c_before[9] / np.median([c_before[r] for r in others]) - 1) < 0.02
+    w_before, w_after = per_rank(before, "collective_us"), per_rank(after, "collective_us")
+    grown = np.median([w_after[r] - w_before[r] for r in others])
+    assert grown > 0.15 * c_before[9] * 0.9  # the fast ranks now wait for rank 9
+    assert w_after[9] < np.min([w_after[r] for r in others])  # the slow rank waits least
+    step_ts = {r["seq"]: r["ts"] - r["compute_us"] / 1e6 for r in after}
+    assert all(abs(r["ts"] - r["compute_us"] / 1e6 - step_ts[r["seq"]]) < 1e-6 for r in after)
+
+
+def test_gpu_lost_removes_the_gpu_logs_xid_79_and_stops_its_job_until_it_returns():
+    sim = sim_with([{"kind": "gpu_lost", "at": 10, "duration": 20, "host": 2, "gpu": 5}])
+    ticks = run(sim, 40)
+    present = [[g["index"] for g in t.samples[2]["gpus"]] for t in ticks]
+    assert all(p == list(range(8)) for p in present[:10] + present[30:])
+    assert all(p == [0, 1, 2, 3, 4, 6, 7] for p in present[10:30])
+    assert all(len(t.samples) == 4 for t in ticks)
+    events = [e for t in ticks for e in t.xid]
+    assert [e["code"] for e in events] == [79, 154]
+    lost = events[0]
+    assert lost["raw_line"].endswith("kernel: NVRM: Xid (PCI:0000:ab:00): 79, GPU has fallen off the bus.")
+    assert lost["raw_line"].startswith("Nov 14 22:13:30 gpu-node-0002 ")
+    assert (lost["host"], lost["gpu_index"], lost["ts"], lost["pid"]) == ("gpu-node-0002", 5, TS0 + 10, None)
+    assert "to 0x2 (Node Reboot Required)" in events[1]["message"]
+    assert all(t.nccl == [] for t in ticks[10:30]) and all(t.nccl for t in ticks[30:])
+    assert all(g["gpu_util_pct"] == 0 for g in ticks[15].samples[0]["gpus"])  # its job crashed
+    back = gpu(ticks[35].samples[2], 5)
+    assert back["recovery_action"] == 0 and back["last_xid"] is None
+
+
+def test_ecc_dbe_counts_logs_xid_48_and_marks_a_pending_remap():
+    ticks = run(sim_with([{"kind": "ecc_dbe", "at": 3, "duration": 10, "host": 0, "gpu": 1}]), 20)
+    g = [gpu(t.samples[0], 1) for t in ticks]
+    assert [x["ecc_dbe_volatile"] for x in g[:3]] == [0, 0, 0] and g[3]["ecc_dbe_volatile"] == 1
+    assert g[3]["ecc_dbe_aggregate"] == 1 and g[19]["ecc_dbe_aggregate"] == 1
+    assert g[3]["row_remap_pending"] and g[3]["remapped_rows_uncorrectable"] == 1
+    assert g[3]["recovery_action"] == 1 and g[3]["last_xid"] == 48
+    assert not g[13]["row_remap_pending"] and g[13]["recovery_action"] == 0  # the GPU reset activated the remap
+    assert [e["code"] for e in ticks[3].xid] == [48, 63, 154]
+    assert "uncorrectable double bit error (DBE)" in ticks[3].xid[0]["raw_line"]
+
+
+def test_row_remap_failure_and_nvlink_crc_growth():
+    sim = sim_with([{"kind": "row_remap_failure", "at": 2, "host": 3, "gpu": 0},
+                    {"kind": "nvlink_crc", "at": 5, "duration": 20, "host": 1, "gpu": 7, "rate_per_s": 100}])
+    ticks = run(sim, 30)
+    assert gpu(ticks[2].samples[3], 0)["row_remap_failure"] and not gpu(ticks[1].samples[3], 0)["row_remap_failure"]
+    assert [e["code"] for e in ticks[2].xid] == [64, 154]
+    crc = [gpu(t.samples[1], 7)["nvlink_crc_errors"] for t in ticks]
+    peer = [gpu(t.samples[1], 6)["nvlink_crc_errors"] for t in ticks]
+    assert 1500 < crc[24] - crc[4] < 2500
+    assert crc[29] - crc[25] <= 2 and peer[29] - peer[0] <= 2
+
+
+def test_xid_storm_repeats_and_every_line_parses_like_the_kernel_log():
+    codes = [13, 31, 43, 45, 48, 62, 63, 74, 79, 94, 95, 109, 119, 999]
+    faults = [{"kind": "xid", "at": 1 + i, "host": i % 4, "gpu": i % 8, "code": c} for i, c in enumerate(codes)]
+    faults.append({"kind": "xid", "at": 20, "host": 0, "gpu": 0, "code": 45, "count": 5, "every": 2.0,
+                   "caused_by": 79})
+    ticks = run(sim_with(faults), 35)
+    events = [e for t in ticks for e in t.xid]
+    for e in events:
+        m = XID_RE.search(e["raw_line"])
+        assert m, e["raw_line"]
+        assert (m.group(1) + ".0", int(m.group(3)), m.group(4)) == (e["pci_bus_id"], e["code"], e["message"])
+    storm = [e for e in events if e["code"] == 45 and e["caused_by"] == 79]
+    assert [e["ts"] - TS0 for e in storm] == [20, 22, 24, 26, 28]
+    assert all(e["raw_line"].endswith("caused by previous Xid 79") for e in storm)
+    thirteen = next(e for e in events if e["code"] == 13)
+    assert "pid='<unknown>', name=<unknown>, Graphics SM Warp Exception" in thirteen["raw_line"]
+    truth = {r["kind"]: r for t in ticks for r in t.truth}
+    assert truth["xid13"]["hardware"] is False and truth["xid79"]["hardware"] is True
+    assert "bin:reboot" in truth["xid79"]["expected"]
+
+
+def test_host_level_target_hits_all_gpus_and_truth_has_no_gpu_index():
+    ticks = run(sim_with([{"kind": "power_cap", "at": 0, "host": "gpu-node-0001", "cap_w": 300}]), 3)
+    assert all(g["power_limit_w"] == 300 for g in ticks[2].samples[1]["gpus"])
+    (truth,) = ticks[0].truth
+    assert truth["gpu_index"] is None and truth["rank"] is None and truth["job"] == "job-0000"
+
+
+def test_shipped_scenarios_resolve_on_a_small_fleet():
+    for name in ("baseline", "thermal-runaway", "straggler", "fault-mix"):
+        sim = FleetSimulator(4, seed=0, start_ts=TS0, scenario=name)
+        assert sim.scenario.name == name
+    assert load_scenario("baseline").faults == []

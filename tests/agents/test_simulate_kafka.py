@@ -1,0 +1,66 @@
+"""`simulate` end to end on a real broker: exactly one sample per host per tick lands, in per-host order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+
+import orjson
+import pytest
+
+from agents.simulator import simulate
+from fleetpulse.settings import CommonSettings, load
+from schemas.analytics import InjectedFault
+from schemas.telemetry import HostSample
+from schemas.topics import NCCL, SAMPLES, TRUTH, XID
+from tests.agents.test_publisher import consume_all
+
+pytestmark = pytest.mark.integration
+
+
+async def test_simulate_publishes_exactly_one_sample_per_host_per_tick(settings_env, tmp_path):
+    settings = load(CommonSettings)
+    scenario = tmp_path / "lost.json"
+    scenario.write_text(json.dumps({"name": "lost", "faults": [
+        {"kind": "gpu_lost", "at": 4, "duration": 3, "host": 1, "gpu": 2}]}))
+    report = await simulate(settings, hosts=5, duration=10, speed=0, seed=11, scenario=scenario,
+                            start_ts=1_700_000_000.0)
+    assert report.ticks == 10 and report.gpus == 40 and not report.stopped_early
+    assert report.sent == {"fleet.telemetry.samples": 50, "fleet.telemetry.xid": 2,
+                           "fleet.telemetry.nccl": 10 * 40 - 3 * 40, "fleet.sim.truth": 1}
+    assert report.gpu_readings == 50 * 8 - 3  # GPU 2 of host 1 is absent from 3 samples
+    samples = await consume_all(settings, SAMPLES, 50)
+    assert len(samples) == 50
+    assert sum(len(orjson.loads(r.value)["gpus"]) for r in samples) == report.gpu_readings
+    seqs = defaultdict(list)
+    for record in sorted(samples, key=lambda r: (r.partition, r.offset)):
+        sample = HostSample.model_validate_json(record.value, strict=True)
+        assert record.key == sample.host.encode()
+        seqs[sample.host].append(sample.seq)
+    assert seqs == {f"gpu-node-{h:04d}": list(range(10)) for h in range(5)}
+    for topic, n in ((XID, 2), (NCCL, 280), (TRUTH, 1)):
+        assert len(await consume_all(settings, topic, n)) == n, topic.name
+    (truth,) = await consume_all(settings, TRUTH, 1)
+    assert InjectedFault.model_validate_json(truth.value) == report.truth[0]
+    assert report.truth[0].kind == "gpu_lost" and report.truth[0].ts == 1_700_000_004.0
+
+
+async def test_paced_run_keeps_the_rate_and_stops_on_request(settings_env):
+    settings = load(CommonSettings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    seen: list[float] = []
+
+    def on_tick(tick, pub):
+        seen.append(loop.time())
+        if tick.index == 5:
+            stop.set()
+
+    report = await simulate(settings, hosts=2, duration=30, speed=5, stop=stop, start_ts=1_700_000_000.0,
+                            nccl_interval=0, on_tick=on_tick)
+    assert report.stopped_early and report.ticks == 6
+    assert 0.7 < seen[-1] - seen[1] < 1.5 and 0.75 < seen[-1] - seen[0] < 2.0  # ticks due 0.2 s apart at speed 5
+    assert report.sent["fleet.telemetry.samples"] == 12
+    samples = await consume_all(settings, SAMPLES, 12)
+    assert sorted({orjson.loads(r.value)["ts"] for r in samples}) == [1_700_000_000.0 + k for k in range(6)]
