@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # partition assignments and coordinator chatter drown what operators need
+        for noisy in ("aiokafka", "kafka", "faust", "mode"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return importlib.import_module(args._module).run(args) or 0
     except FleetpulseError as exc:

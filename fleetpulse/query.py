@@ -34,11 +34,11 @@ def query(settings: CommonSettings, sql: str) -> bytes:
         answer = ask_owner(settings, sql)
         if answer is not None:
             return answer
-    from sinks.store import as_store_error, connect
+    from sinks.store import as_store_error, connect, run_sql
 
     client = connect(settings)
     try:
-        return client.raw_query(sql, fmt="TabSeparated")
+        return run_sql(client, sql)
     except Exception as exc:
         raise as_store_error(exc, "query failed") from exc
 

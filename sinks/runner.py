@@ -186,7 +186,7 @@ class ClickHouseSink:
 
     async def query(self, sql: str) -> bytes:
         """Run SQL on the sink's own store (the one process allowed to open an embedded store)."""
-        return await self.db(lambda: self.client.raw_query(sql, fmt="TabSeparated"))
+        return await self.db(store.run_sql, self.client, sql)
 
     async def close(self) -> None:
         self.stats.ready = False

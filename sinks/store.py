@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
@@ -84,6 +86,18 @@ def insert(client: Client, table: str, column_names: list[str], rows: list[tuple
                       settings={**INSERT_SETTINGS, "insert_deduplication_token": token})
     except Exception as exc:
         raise as_store_error(exc, f"insert into {table} failed") from exc
+
+
+_FORMAT_CLAUSE = re.compile(r"\s+FORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
+
+
+def run_sql(client: Client, sql: str) -> bytes:
+    """Raw output of one statement: tab-separated unless the statement names its own FORMAT."""
+    sql = sql.strip().rstrip(";")
+    match = _FORMAT_CLAUSE.search(sql)
+    if match:
+        return client.raw_query(sql[: match.start()], fmt=match.group(1))
+    return client.raw_query(sql, fmt="TabSeparated")
 
 
 def as_store_error(exc: Exception, context: str) -> StoreError:

@@ -1,0 +1,44 @@
+"""Kafka offsets as the stack sees them: end offsets per topic and how far a consumer group trails them."""
+
+from __future__ import annotations
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+
+class OffsetWatch:
+    """One long-lived client pair for polling end offsets and group commits."""
+
+    def __init__(self, client_args: dict, partitions: dict[str, int]):
+        """`partitions`: topic name on the cluster -> partition count (from the registry)."""
+        self.consumer = AIOKafkaConsumer(**client_args, enable_auto_commit=False)
+        self.admin = AIOKafkaAdminClient(**client_args)
+        self.partitions = [TopicPartition(t, p) for t, n in partitions.items() for p in range(n)]
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        await self.admin.start()
+
+    async def end_offsets(self) -> dict[TopicPartition, int]:
+        return await self.consumer.end_offsets(self.partitions)
+
+    async def group_lag(self, group: str, topics: list[str]) -> int:
+        """Records in `topics` that `group` has not committed yet (a missing commit counts as all of them)."""
+        ends = {tp: o for tp, o in (await self.end_offsets()).items() if tp.topic in topics}
+        committed = await self.admin.list_consumer_group_offsets(group)
+        lag = 0
+        for tp, end in ends.items():
+            meta = committed.get(tp)
+            lag += end - (meta.offset if meta is not None and meta.offset >= 0 else 0)
+        return lag
+
+    async def close(self) -> None:
+        await self.consumer.stop()
+        await self.admin.close()
+
+
+def per_topic(offsets: dict[TopicPartition, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for tp, end in offsets.items():
+        out[tp.topic] = out.get(tp.topic, 0) + end
+    return out

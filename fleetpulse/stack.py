@@ -1,0 +1,172 @@
+"""`fleetpulse up`: broker, simulator, streams and sink as child processes, a live view, and a clean stop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetpulse.broker import LocalKafka, ensure_broker
+from fleetpulse.errors import FleetpulseError
+from fleetpulse.kafka_admin import ensure_topics
+from fleetpulse.lag import OffsetWatch, per_topic
+from fleetpulse.settings import CommonSettings, load
+from fleetpulse.stack_view import StackView, fetch_store_facts
+from schemas.topics import TOPICS
+from schemas.tables import TABLE_BY_TOPIC
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", type=int, default=100, help="simulated hosts (8 GPUs each)")
+    p.add_argument("--duration", type=float, default=60, help="simulated seconds; 0 = until Ctrl-C")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scenario", default=None, help="scenario name or file (faults to inject)")
+    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second (0 = flat out)")
+    p.add_argument("--no-streams", action="store_true", help="skip the stream worker")
+    p.add_argument("--plain", action="store_true", help="print status lines instead of the live view")
+    p.add_argument("--drain-timeout", type=float, default=120, help="seconds to wait for consumers to catch up")
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    proc: asyncio.subprocess.Process | None = None
+    stdout: bytes = b""
+
+    async def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        # A session of its own: Ctrl-C reaches `up` alone, which then stops the children in order.
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fleetpulse.cli", *self.argv,
+            stdout=asyncio.subprocess.PIPE, stderr=self.log.open("ab"), start_new_session=True,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def wait(self) -> int:
+        out, _ = await self.proc.communicate()
+        self.stdout += out or b""
+        return self.proc.returncode
+
+    async def stop(self, timeout: float = 30) -> int | None:
+        if not self.running:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            return await self.wait()
+
+
+@dataclass
+class Stack:
+    settings: CommonSettings
+    args: argparse.Namespace
+    children: dict[str, Child] = field(default_factory=dict)
+    started_broker: bool = False
+
+    def _child(self, name: str, *argv: str) -> Child:
+        child = Child(name, list(argv), self.settings.data_dir / "logs" / f"{name}.log")
+        self.children[name] = child
+        return child
+
+    async def run(self) -> dict:
+        s, a = self.settings, self.args
+        if s.uses_local_kafka:
+            self.started_broker = not LocalKafka(s.data_dir, s.local_kafka_port).status()["running"]
+        await asyncio.to_thread(ensure_broker, s)
+        await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix)  # the live view reads their offsets
+        sink = self._child("sink", "sink")
+        await sink.start()
+        if not a.no_streams:
+            await self._child("streams", "streams").start()
+        sim_args = ["simulate", "--hosts", str(a.hosts), "--duration", str(a.duration or 10**9),
+                    "--seed", str(a.seed), "--speed", str(a.speed)]
+        if a.scenario:
+            sim_args += ["--scenario", a.scenario]
+        simulator = self._child("simulate", *sim_args)
+        await simulator.start()
+
+        watch = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
+        await watch.start()
+        view = StackView(plain=a.plain or not sys.stdout.isatty(), hosts=a.hosts)
+        interrupted = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupted.set)
+        sim_done = asyncio.create_task(simulator.wait())
+        try:
+            with view:
+                while not (interrupted.is_set() or sim_done.done()):
+                    await self._refresh(view, watch)
+                    crashed = [c.name for c in self.children.values() if c.proc and c.proc.returncode not in (None, 0)]
+                    if crashed:
+                        raise FleetpulseError(f"{', '.join(crashed)} exited early; see {s.data_dir / 'logs'}")
+                    await asyncio.wait([sim_done], timeout=1.0)
+                view.note("simulation finished" if sim_done.done() else "interrupted: stopping")
+                await simulator.stop()
+                await self._drain(view, watch, interrupted)
+                await self._refresh(view, watch)
+        finally:
+            for name in ("streams", "sink", "simulate"):
+                if name in self.children:
+                    await self.children[name].stop()
+            await watch.close()
+            if self.started_broker:
+                await asyncio.to_thread(LocalKafka(s.data_dir, s.local_kafka_port).stop)
+        report = _last_json(simulator.stdout)
+        return {"simulator": report, "final": view.last}
+
+    async def _refresh(self, view: StackView, watch: OffsetWatch) -> None:
+        ends = per_topic(await watch.end_offsets())
+        facts = await fetch_store_facts(self.settings)
+        view.update(ends, facts)
+
+    async def _drain(self, view: StackView, watch: OffsetWatch, interrupted: asyncio.Event) -> None:
+        """Let streams, then the sink, consume everything already published before they are stopped."""
+        s = self.settings
+        stages = [("sink", s.topic_prefix + "fleetpulse-sink", [t.full(s.topic_prefix) for t in [tb.topic for tb in TABLE_BY_TOPIC.values()]])]
+        if "streams" in self.children:
+            from streams.app import app_id, input_topics
+
+            stages.insert(0, ("streams", app_id(s), input_topics(s)))
+        deadline = time.monotonic() + self.args.drain_timeout
+        for name, group, topics in stages:
+            while time.monotonic() < deadline:
+                lag = await watch.group_lag(group, topics)
+                view.note(f"waiting for {name} to catch up: {lag} records behind")
+                await self._refresh(view, watch)
+                if lag == 0 or not self.children[name].running:
+                    break
+                if interrupted.is_set() and name == "streams":
+                    break  # a second Ctrl-C path: derived outputs may be partial, raw data still drains
+                await asyncio.sleep(1.0)
+            if name == "streams":
+                await self.children[name].stop()
+
+
+def _last_json(stdout: bytes) -> dict | None:
+    """The simulator prints its report as one JSON document at the end."""
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load(CommonSettings)
+    os.environ.setdefault("FLEETPULSE_DATA_DIR", str(settings.data_dir.resolve()))
+    result = asyncio.run(Stack(settings.model_copy(update={"data_dir": settings.data_dir.resolve()}), args).run())
+    print(json.dumps(result, indent=2, default=str))
+    return 0

@@ -1,0 +1,127 @@
+"""The live terminal view of `fleetpulse up`: messages/s per topic, rows written, alerts firing, usable compute."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import urllib.request
+
+import orjson
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from fleetpulse.query import ask_owner
+from fleetpulse.settings import CommonSettings
+
+# Until the health/lifecycle stages publish it, usable compute = GPUs that reported in the last 10 s of
+# simulated time and carry no firing critical/page alert, over every GPU ever seen (installed).
+FACTS_SQL = """
+WITH (SELECT max(ts) FROM gpu_samples) AS now_ts,
+firing AS (
+    SELECT host, gpu_index FROM alerts
+    GROUP BY fingerprint, host, gpu_index
+    HAVING argMax(status, ts) = 'firing' AND argMax(severity, ts) IN ('critical', 'page')
+)
+SELECT
+    (SELECT count() FROM alerts) AS alert_messages,
+    (SELECT count() FROM (SELECT fingerprint FROM alerts GROUP BY fingerprint HAVING argMax(status, ts) = 'firing')) AS firing,
+    (SELECT uniqExact(host, gpu_index) FROM gpu_samples) AS installed,
+    (SELECT uniqExact(host, gpu_index) FROM gpu_samples
+      WHERE ts > now_ts - INTERVAL 10 SECOND AND (host, toNullable(gpu_index)) NOT IN (SELECT host, gpu_index FROM firing)) AS usable
+"""
+FACT_NAMES = ("alert_messages", "firing", "installed", "usable")
+
+
+def _get_json(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return orjson.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+async def fetch_store_facts(settings: CommonSettings) -> dict:
+    """Sink status and headline numbers, asked of the process that owns the store."""
+    status = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{settings.query_port}/status")
+    facts: dict = {"sink": status}
+    try:
+        raw = await asyncio.to_thread(ask_owner, settings, FACTS_SQL, 5)
+        if raw:
+            facts.update(zip(FACT_NAMES, (int(v) for v in raw.split(b"\t"))))
+    except Exception as exc:  # the view must never take the stack down
+        facts["error"] = str(exc)[:200]
+    return facts
+
+
+class StackView:
+    """Rich live table on a terminal; a status line every few seconds otherwise."""
+
+    def __init__(self, plain: bool, hosts: int):
+        self.plain = plain
+        self.hosts = hosts
+        self.console = Console(file=sys.stderr)
+        self.live: Live | None = None
+        self.prev: tuple[float, dict[str, int]] | None = None
+        self.last: dict = {}
+        self.message = "starting"
+        self.last_print = 0.0
+
+    def __enter__(self):
+        if not self.plain:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def note(self, message: str) -> None:
+        self.message = message
+
+    def update(self, ends: dict[str, int], facts: dict) -> None:
+        now = time.monotonic()
+        rates = {}
+        if self.prev is not None and now > self.prev[0]:
+            dt = now - self.prev[0]
+            rates = {t: (n - self.prev[1].get(t, 0)) / dt for t, n in ends.items()}
+        self.prev = (now, ends)
+        tables = ((facts.get("sink") or {}).get("tables")) or {}
+        installed = int(facts.get("installed") or 0)
+        self.last = {
+            "messages": ends, "rates": rates, "rows": {n: t["rows"] for n, t in tables.items()},
+            "dead_letters": sum(t["dead_letters"] for t in tables.values()),
+            "alerts_firing": facts.get("firing"), "usable_compute": (int(facts.get("usable") or 0) / installed) if installed else None,
+            "installed_gpus": installed,
+        }
+        if self.live is not None:
+            self.live.update(self._render())
+        elif now - self.last_print >= 5:
+            self.last_print = now
+            rows = self.last["rows"].get("gpu_samples", 0)
+            uc = self.last["usable_compute"]
+            self.console.print(
+                f"[{self.message}] samples/s={rates.get(next(iter(ends), ''), 0):.0f} gpu_samples={rows} "
+                f"alerts_firing={self.last['alerts_firing']} usable_compute={'n/a' if uc is None else f'{uc:.1%}'}"
+            )
+
+    def _render(self) -> Table:
+        table = Table(title=f"fleetpulse — {self.hosts} hosts — {self.message}", expand=False)
+        table.add_column("topic")
+        table.add_column("messages", justify="right")
+        table.add_column("msg/s", justify="right")
+        for topic, n in sorted((self.last.get("messages") or {}).items()):
+            if n:
+                table.add_row(topic, str(n), f"{self.last['rates'].get(topic, 0):.0f}")
+        table.add_section()
+        for name, rows in sorted((self.last.get("rows") or {}).items()):
+            if rows:
+                table.add_row(f"rows in {name}", str(rows), "")
+        uc = self.last.get("usable_compute")
+        table.add_section()
+        table.add_row("alerts firing", str(self.last.get("alerts_firing", "-")), "")
+        table.add_row("dead letters", str(self.last.get("dead_letters", 0)), "")
+        table.add_row("usable compute", "-" if uc is None else f"{uc:.1%}", f"of {self.last.get('installed_gpus', 0)} GPUs")
+        return table
