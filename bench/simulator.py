@@ -57,7 +57,7 @@ async def bench_publish(hosts: int, duration: float, nccl_interval: float) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agents.simulator.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python bench/simulator.py", description=__doc__)
     p.add_argument("--tick-hosts", type=int, default=2048)
     p.add_argument("--ticks", type=int, default=10)
     p.add_argument("--publish-hosts", type=int, default=0, help="also publish to the configured broker (0 = skip)")
