@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("fleetpulse.stack", "run broker, simulator, streams and sink with a live view"),
     "kafka": ("fleetpulse.broker_cli", "start, stop or check the local Kafka broker"),
     "simulate": ("agents.simulator.cli", "publish a simulated GPU fleet (with ground truth)"),
+    "xid": ("agents.xid_cli", "parse XID/SXid kernel-log lines, or classify one code with the catalog"),
     "streams": ("streams.cli", "run a faust stream worker"),
     "sink": ("sinks.cli", "run the ClickHouse sink"),
     "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),

@@ -33,6 +33,10 @@ class XidEvent(BaseModel):
     process: str | None = None
     severity: str | None = Field(default=None, description="Fatal / Nonfatal where the line carries it (NVLink5, SXid)")
     caused_by: int | None = Field(default=None, description="'caused by previous Xid N' suffix")
+    recovery_action: int | None = Field(default=None, ge=0, le=7, description="Xid 154: the new recovery action")
+    unit: str | None = Field(default=None, description="NVLink5 unit (e.g. RLW_RXPIPE) where the line names one")
+    link: int | None = Field(default=None, description="NVLink link number where the line names one")
+    count: int = Field(default=1, ge=1, description="exact repeats folded into this event by the collector")
     message: str = ""
     raw_line: str = ""
     source: Literal["kmsg", "journald", "file", "nvml", "dcgm", "simulator"] = "kmsg"
