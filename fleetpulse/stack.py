@@ -116,7 +116,7 @@ class Stack:
                     await asyncio.wait([sim_done], timeout=1.0)
                 view.note("simulation finished" if sim_done.done() else "interrupted: stopping")
                 await simulator.stop()
-                await self._drain(view, watch, interrupted)
+                await self._drain(view, watch)
                 await self._refresh(view, watch)
         finally:
             for name in ("streams", "sink", "simulate"):
@@ -133,24 +133,30 @@ class Stack:
         facts = await fetch_store_facts(self.settings)
         view.update(ends, facts)
 
-    async def _drain(self, view: StackView, watch: OffsetWatch, interrupted: asyncio.Event) -> None:
-        """Let streams, then the sink, consume everything already published before they are stopped."""
-        s = self.settings
-        stages = [("sink", s.topic_prefix + "fleetpulse-sink", [t.full(s.topic_prefix) for t in [tb.topic for tb in TABLE_BY_TOPIC.values()]])]
-        if "streams" in self.children:
-            from streams.app import app_id, input_topics
+    async def _drain(self, view: StackView, watch: OffsetWatch) -> None:
+        """Let streams, then the sink, consume everything already published before they are stopped.
 
-            stages.insert(0, ("streams", app_id(s), input_topics(s)))
-        deadline = time.monotonic() + self.args.drain_timeout
-        for name, group, topics in stages:
-            while time.monotonic() < deadline:
+        The sink must reach zero lag (raw data is never left behind). The stream worker gets a bounded
+        wait: faust 0.15.3 can advance commits slowly after a rebalance, and a restarted worker resumes
+        from its committed offsets anyway.
+        """
+        s = self.settings
+        stages = [("sink", s.topic_prefix + "fleetpulse-sink",
+                   [tb.topic.full(s.topic_prefix) for tb in TABLE_BY_TOPIC.values()], self.args.drain_timeout)]
+        if "streams" in self.children:
+            from streams.app import app_id
+            from streams.registry import select
+
+            inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.inputs})
+            stages.insert(0, ("streams", app_id(s.topic_prefix), inputs, min(30.0, self.args.drain_timeout)))
+        for name, group, topics, budget in stages:
+            deadline = time.monotonic() + budget
+            while time.monotonic() < deadline and self.children[name].running:
                 lag = await watch.group_lag(group, topics)
                 view.note(f"waiting for {name} to catch up: {lag} records behind")
                 await self._refresh(view, watch)
-                if lag == 0 or not self.children[name].running:
+                if lag == 0:
                     break
-                if interrupted.is_set() and name == "streams":
-                    break  # a second Ctrl-C path: derived outputs may be partial, raw data still drains
                 await asyncio.sleep(1.0)
             if name == "streams":
                 await self.children[name].stop()

@@ -1,0 +1,1 @@
+"""Stream stages: pure vectorised computations wrapped by thin faust stages (see registry.py)."""

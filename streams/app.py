@@ -1,0 +1,103 @@
+"""Builds the faust app: broker and security from settings, raw values, memory tables with Kafka changelogs, stages."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import faust
+
+from fleetpulse.errors import ConfigError
+from fleetpulse.settings import CommonSettings
+from streams import registry
+from streams.emit import Emitter, TopicEmitter
+from streams.metrics import MetricsRegistry
+from streams.settings import StreamsSettings, streams_settings
+
+APP_ID = "fleetpulse-streams"
+log = logging.getLogger("fleetpulse.streams")
+
+
+@dataclass
+class StreamsRuntime:
+    """What fleetpulse hangs on the app (`app.fleetpulse`): settings, the stages wired, their counters and agents."""
+
+    settings: StreamsSettings
+    stages: list[registry.Stage]
+    metrics: MetricsRegistry
+    emitter: Emitter
+    agents: dict[str, list]
+
+
+def app_id(prefix: str = "") -> str:
+    """Consumer group and changelog namespace: the topic prefix keeps namespaces on one cluster apart."""
+    return f"{prefix}{APP_ID}"
+
+
+def broker_credentials(s: CommonSettings) -> faust.auth.Credentials | None:
+    """Map the shared Kafka security settings onto faust credentials (PLAINTEXT: none)."""
+    proto = s.kafka_security_protocol
+    if proto == "PLAINTEXT":
+        return None
+    context = ssl.create_default_context() if proto.endswith("SSL") else None
+    if proto == "SSL":
+        return faust.SSLCredentials(context)
+    password = s.kafka_sasl_password.get_secret_value() if s.kafka_sasl_password else None
+    return faust.SASLCredentials(username=s.kafka_sasl_username, password=password, ssl_context=context,
+                                 mechanism=s.kafka_sasl_mechanism or "PLAIN")
+
+
+def create_app(settings: CommonSettings | None = None, *, stages: list[str] | None = None,
+               workdir: Path | None = None, emitter: Emitter | None = None) -> faust.App:
+    """A faust app running `stages` (default: settings.stages, else every registered stage).
+
+    Workers built from the same settings share one app id and so form one consumer group: scale = partitions.
+    `emitter` replaces the Kafka producer path (tests use streams.emit.MemoryEmitter).
+    """
+    s = streams_settings(settings)
+    chosen = registry.select(stages if stages is not None else s.stages)
+    partitions = {t.partitions for stage in chosen for t in stage.inputs}
+    if len(partitions) != 1:
+        raise ConfigError(f"stages {[st.name for st in chosen]} read topics of different partition counts {partitions}")
+    datadir = Path(workdir or s.data_dir / "streams")
+    datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
+    app = faust.App(
+        app_id(s.topic_prefix),
+        broker=[f"kafka://{hp.strip()}" for hp in s.bootstrap.split(",")],
+        broker_credentials=broker_credentials(s),
+        key_serializer="raw",
+        value_serializer="raw",  # stages decode with schemas.codec: lean on the hot path
+        store="memory://",  # tables live in memory and recover from their Kafka changelogs
+        topic_partitions=partitions.pop(),  # changelog and internal topics co-partition with the inputs
+        topic_replication_factor=s.streams_replication,
+        topic_disable_leader=True,  # no leader topic: no stage uses leader-only timers
+        consumer_auto_offset_reset="earliest",
+        processing_guarantee="at_least_once",
+        web_enabled=s.streams_web_port is not None,
+        web_port=s.streams_web_port or 6066,
+        datadir=str(datadir),
+        autodiscover=False,
+    )
+    metrics = MetricsRegistry()
+    runtime = StreamsRuntime(s, chosen, metrics, emitter or TopicEmitter(app), {})
+    for stage in chosen:
+        ctx = registry.StageContext(stage.name, s, metrics.stage(stage.name), runtime.emitter,
+                                    registry.stage_logger(stage.name))
+        runtime.agents[stage.name] = stage.wire(app, ctx)
+    app.fleetpulse = runtime
+
+    @app.on_rebalance_complete.connect
+    async def _ready(sender, **kwargs) -> None:
+        assigned = sorted(f"{tp.topic}[{tp.partition}]" for tp in app.assignor.assigned_actives()
+                          if tp.topic.startswith(s.topic_prefix))
+        log.info("streams ready: app=%s stages=%s active=%d partitions", app.conf.id,
+                 ",".join(st.name for st in chosen), len(assigned))
+
+    return app
+
+
+def metrics_of(app: faust.App) -> MetricsRegistry:
+    """The per-stage counters of an app built by create_app."""
+    return app.fleetpulse.metrics

@@ -1,0 +1,68 @@
+"""How stages produce: raw bytes to a named topic through faust's producer, or into memory for tests and dry runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Protocol
+
+import faust
+from faust.types import EventT
+
+from schemas.dead_letter import dead_letter
+
+Headers = list[tuple[str, bytes]]
+
+
+class Emitter(Protocol):
+    async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
+        """Hand one record to the producer; the returned awaitable completes when the broker acknowledged it."""
+
+
+class TopicEmitter:
+    """The production emitter: faust topics with raw serializers, sharing the app's producer."""
+
+    def __init__(self, app: faust.App):
+        self.app = app
+        self._topics: dict[str, faust.TopicT] = {}
+
+    def topic(self, name: str) -> faust.TopicT:
+        if name not in self._topics:
+            self._topics[name] = self.app.topic(name, key_serializer="raw", value_serializer="raw")
+        return self._topics[name]
+
+    async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
+        return await self.topic(topic).send(key=key, value=value, headers=headers)
+
+
+@dataclass(frozen=True)
+class Sent:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: Headers | None
+
+
+class MemoryEmitter:
+    """A first-class fake: records every record a stage produced, acknowledged at once."""
+
+    def __init__(self):
+        self.sent: list[Sent] = []
+
+    async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
+        self.sent.append(Sent(topic, key, value, headers))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    def to(self, topic: str) -> list[Sent]:
+        return [s for s in self.sent if s.topic == topic]
+
+
+async def send_dead_letter(emitter: Emitter, dlq_topic: str, event: EventT, reason: str, component: str) -> Awaitable:
+    """Route one refused record to its dead-letter topic with the reason, source topic, partition and offset."""
+    msg = event.message
+    value, headers = dead_letter(msg.value, reason=reason, topic=msg.topic, partition=msg.partition,
+                                 offset=msg.offset, component=component)
+    return await emitter.send(dlq_topic, msg.key, value, headers)

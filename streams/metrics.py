@@ -1,0 +1,57 @@
+"""Per-stage counters (received, emitted, errored, batch latency), readable in tests and as Prometheus text."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# Upper bounds (seconds) of the batch-latency histogram buckets, Prometheus style (le=...).
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class StageMetrics:
+    """Counters of one stage, named after its registry name (the Prometheus `stage` label)."""
+
+    stage: str
+    received: int = 0  # records taken from the input topic(s)
+    emitted: int = 0  # records produced to the stage's output topics (not dead letters, not repartitions)
+    errored: int = 0  # records that went to the dead-letter topic
+    batches: int = 0
+    latency_sum_s: float = 0.0
+    latency_max_s: float = 0.0
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+
+    def observe_batch(self, seconds: float) -> None:
+        """Record how long one batch took, from taking it to its outputs being acknowledged by the broker."""
+        self.batches += 1
+        self.latency_sum_s += seconds
+        self.latency_max_s = max(self.latency_max_s, seconds)
+        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+
+    def snapshot(self) -> dict[str, float]:
+        return {"received": self.received, "emitted": self.emitted, "errored": self.errored,
+                "batches": self.batches, "latency_sum_s": self.latency_sum_s, "latency_max_s": self.latency_max_s}
+
+    def prometheus(self) -> list[str]:
+        """Exposition-format lines (counters and a latency histogram) with a `stage` label."""
+        lbl = f'stage="{self.stage}"'
+        lines = [f"fleetpulse_stage_{name}_total{{{lbl}}} {getattr(self, name)}"
+                 for name in ("received", "emitted", "errored")]
+        cumulative = 0
+        for bound, count in zip((*map(str, LATENCY_BUCKETS_S), "+Inf"), self.latency_counts):
+            cumulative += count
+            lines.append(f'fleetpulse_stage_batch_seconds_bucket{{{lbl},le="{bound}"}} {cumulative}')
+        lines.append(f"fleetpulse_stage_batch_seconds_sum{{{lbl}}} {self.latency_sum_s}")
+        lines.append(f"fleetpulse_stage_batch_seconds_count{{{lbl}}} {self.batches}")
+        return lines
+
+
+class MetricsRegistry(dict[str, StageMetrics]):
+    """Stage name -> StageMetrics; one per app."""
+
+    def stage(self, name: str) -> StageMetrics:
+        return self.setdefault(name, StageMetrics(name))
+
+    def prometheus(self) -> str:
+        return "\n".join(line for m in self.values() for line in m.prometheus()) + "\n"

@@ -1,0 +1,265 @@
+"""Per-GPU power/thermal alert rules against each device's own limits and throttle bits, with dwell and hysteresis."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from fleetpulse.errors import DecodeError
+from schemas.analytics import Alert
+
+# NVML clocks-event (throttle) reason bits (REFERENCE.md section 4).
+SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
+# GpuReading fields the rules read, in column order of the batch matrix.
+FIELDS = ("gpu_temp_c", "slowdown_temp_c", "shutdown_temp_c", "gpu_max_op_temp_c", "hbm_temp_c",
+          "hbm_max_op_temp_c", "power_w", "power_limit_w")
+COL = {name: i for i, name in enumerate(FIELDS)}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One alert: `signal` >= limit * scale + offset (or a throttle bit set) for dwell_s fires it.
+
+    It resolves once the signal stays below threshold - margin (margin x limit when relative) for resolve_s.
+    """
+
+    alertname: str
+    severity: str
+    signal: str
+    limit: str | None = None
+    scale: float = 1.0
+    offset: float = 0.0
+    bit: int = 0
+    margin: float = 3.0
+    relative_margin: bool = False
+    dwell_s: float = 30.0
+    resolve_s: float = 60.0
+    what: str = ""
+
+
+DEFAULT_RULES = (
+    Rule("GpuTempHigh", "warning", "gpu_temp_c", "gpu_max_op_temp_c", dwell_s=60,
+         what="GPU temperature at max operating"),
+    Rule("GpuTempSlowdown", "critical", "gpu_temp_c", "slowdown_temp_c", dwell_s=15,
+         what="GPU temperature at slowdown"),
+    Rule("GpuTempNearShutdown", "page", "gpu_temp_c", "shutdown_temp_c", offset=-2.0, margin=2.0, dwell_s=0,
+         what="GPU temperature within 2 C of shutdown"),
+    Rule("HbmTempHigh", "warning", "hbm_temp_c", "hbm_max_op_temp_c", offset=-2.0, dwell_s=60,
+         what="HBM temperature near max operating"),
+    Rule("GpuPowerOverLimit", "warning", "power_w", "power_limit_w", scale=1.05, margin=0.05, relative_margin=True,
+         dwell_s=30, what="power draw over the enforced limit"),
+    Rule("GpuHwSlowdown", "critical", "throttle_reasons", bit=HW_SLOWDOWN, dwell_s=10, what="HW slowdown active"),
+    Rule("GpuHwThermalSlowdown", "critical", "throttle_reasons", bit=HW_THERMAL, dwell_s=10,
+         what="HW thermal slowdown active"),
+    Rule("GpuHwPowerBrake", "critical", "throttle_reasons", bit=HW_POWER_BRAKE, dwell_s=10,
+         what="HW power brake slowdown active"),
+    Rule("GpuSwThermalSlowdown", "warning", "throttle_reasons", bit=SW_THERMAL, dwell_s=60,
+         what="SW thermal slowdown active"),
+    Rule("GpuSwPowerCap", "info", "throttle_reasons", bit=SW_POWER_CAP, dwell_s=300, resolve_s=120,
+         what="SW power cap holding clocks down"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    rules: tuple[Rule, ...] = DEFAULT_RULES
+    max_gap_s: float = 120.0  # a pending or resolving timer restarts after this long without a known reading
+    rack_budgets_w: Mapping[str, float] = field(default_factory=dict)  # racks to forward power reports for
+
+
+@dataclass(frozen=True)
+class AlertState:
+    """Where one (subject, alertname) stands: pending_since counts toward the opposite status."""
+
+    pending_since: float | None = None
+    firing: bool = False
+    starts_at: float = 0.0
+    last_value: float = math.nan
+    last_ts: float = 0.0
+
+    def to_json(self) -> list:
+        value = None if math.isnan(self.last_value) else self.last_value
+        return [self.pending_since, self.firing, self.starts_at, value, self.last_ts]
+
+    @classmethod
+    def from_json(cls, raw: list) -> AlertState:
+        pending, firing, starts_at, value, last_ts = raw
+        return cls(pending, bool(firing), starts_at, math.nan if value is None else value, last_ts)
+
+
+@dataclass(frozen=True)
+class SubjectState:
+    """State of one host (keys 'gpu/alertname') or one rack; `wm` is the newest sample time applied."""
+
+    wm: float = 0.0
+    alerts: dict[str, AlertState] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"wm": self.wm, "alerts": {k: v.to_json() for k, v in self.alerts.items()}}
+
+    @classmethod
+    def from_json(cls, raw: dict | None) -> SubjectState:
+        if not raw:
+            return cls()
+        return cls(raw["wm"], {k: AlertState.from_json(v) for k, v in raw["alerts"].items()})
+
+
+@dataclass(frozen=True)
+class RackReport:
+    """One host's GPU power at one instant, forwarded to the rack evaluation (keyed by rack)."""
+
+    rack: str
+    host: str
+    ts: float
+    power_w: float  # sum of the GPUs whose power is known
+    complete: bool  # every GPU's power was known
+
+
+@dataclass
+class Evaluation:
+    alerts: list[Alert]
+    state: dict[str, SubjectState]  # only the subjects that changed
+    rack_reports: list[RackReport]
+
+
+def fingerprint(alertname: str, *, host: str = "", gpu_index: int | None = None, rack: str = "") -> str:
+    """Stable across processes and restarts: sha256 of the alert name and the labels that identify its subject."""
+    ident = f"{alertname}|host={host}|gpu={'' if gpu_index is None else gpu_index}|rack={rack}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def step(st: AlertState, ts: float, value: float, on: bool, off: bool, rule: Rule, max_gap_s: float):
+    """Advance one alert by one known reading; returns (new state, 'firing' | 'resolved' | None)."""
+    pending = st.pending_since
+    if pending is not None and ts - st.last_ts > max_gap_s:
+        pending = None  # an unobserved gap does not count toward a dwell
+    event = None
+    firing, starts_at = st.firing, st.starts_at
+    if not firing:
+        pending = (ts if pending is None else pending) if on else None
+        if pending is not None and ts - pending >= rule.dwell_s:
+            firing, starts_at, pending, event = True, pending, None, "firing"
+    else:
+        pending = (ts if pending is None else pending) if off else None
+        if pending is not None and ts - pending >= rule.resolve_s:
+            firing, pending, event = False, None, "resolved"
+    return AlertState(pending, firing, starts_at, value, ts), event
+
+
+def check_sample(obj) -> dict:
+    """Lean shape check of a decoded HostSample; anything the rules cannot read raises DecodeError."""
+    if not isinstance(obj, dict):
+        raise DecodeError(f"sample is {type(obj).__name__}, not an object")
+    host, ts, gpus = obj.get("host"), obj.get("ts"), obj.get("gpus")
+    if not isinstance(host, str) or not host:
+        raise DecodeError("sample has no host")
+    if type(ts) not in (int, float) or not ts > 0:
+        raise DecodeError(f"sample ts {ts!r} is not a positive number")
+    if not isinstance(obj.get("rack", ""), str) or type(obj.get("seq", 0)) is not int:
+        raise DecodeError("sample rack is not a string or seq is not an integer")
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) and type(g.get("index")) is int for g in gpus):
+        raise DecodeError("sample gpus is not a list of readings with an integer index")
+    for g in gpus:
+        for name in FIELDS:
+            v = g.get(name)
+            if v is not None and type(v) not in (int, float):
+                raise DecodeError(f"gpu {g['index']} field {name!r} is {type(v).__name__}, not a number")
+        tr = g.get("throttle_reasons")
+        if tr is not None and (type(tr) is not int or tr < 0):
+            raise DecodeError(f"gpu {g['index']} throttle_reasons {tr!r} is not a non-negative integer")
+    return obj
+
+
+def _rule_arrays(rule: Rule, m: np.ndarray, throttle: np.ndarray):
+    """Vectorised over all GPU rows: (value, threshold, resolve_below, on, off, known) for one rule."""
+    if rule.bit:
+        known = throttle >= 0
+        value = ((throttle & rule.bit) != 0).astype(float)
+        threshold = np.ones_like(value)
+        return value, threshold, threshold, known & (value >= 1), known & (value < 1), known
+    value, limit = m[:, COL[rule.signal]], m[:, COL[rule.limit]]
+    threshold = limit * rule.scale + rule.offset
+    below = threshold - (rule.margin * limit if rule.relative_margin else rule.margin)
+    known = np.isfinite(value) & np.isfinite(threshold)
+    with np.errstate(invalid="ignore"):  # NaN (unknown) compares False both ways
+        return value, threshold, below, value >= threshold, value < below, known
+
+
+def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config: Config = Config()) -> Evaluation:
+    """Apply a batch of checked host samples to prior per-host state; returns alerts, changed state, rack reports."""
+    rows, row_sample, row_gpu, reports = [], [], [], []
+    wm = {h: s.wm for h, s in state.items()}
+    for i in sorted(range(len(samples)), key=lambda i: samples[i]["ts"]):
+        s = samples[i]
+        if s["ts"] <= wm.get(s["host"], 0.0):
+            continue  # already applied (a replay after a restart) or out of order
+        wm[s["host"]] = s["ts"]
+        for g in s["gpus"]:
+            rows.append([g.get(f) for f in FIELDS])
+            row_sample.append(i)
+            row_gpu.append(g)
+        if s.get("rack", "") in config.rack_budgets_w:
+            power = [g.get("power_w") for g in s["gpus"]]
+            known = [p for p in power if p is not None]
+            reports.append(RackReport(s["rack"], s["host"], s["ts"], float(sum(known)), len(known) == len(power)))
+    m = np.array(rows, dtype=float).reshape(len(rows), len(FIELDS))
+    throttle = np.array([-1 if g.get("throttle_reasons") is None else g["throttle_reasons"] & 0x7FFFFFFF
+                         for g in row_gpu], dtype=np.int64)
+    gpu_ids: dict[tuple[str, int], int] = {}
+    row_key = np.array([gpu_ids.setdefault((samples[i]["host"], g["index"]), len(gpu_ids))
+                        for i, g in zip(row_sample, row_gpu)], dtype=np.int64)
+    new: dict[str, SubjectState] = {}
+    alerts: list[Alert] = []
+    for rule in config.rules:
+        value, threshold, below, on, off, known = _rule_arrays(rule, m, throttle)
+        live = [gpu_ids[(h, int(k.split("/")[0]))] for h, st in state.items() for k in st.alerts
+                if k.endswith("/" + rule.alertname) and (h, int(k.split("/")[0])) in gpu_ids]
+        # Only rows of GPUs that are over the threshold now or hold state for this rule need the state machine.
+        hot = np.isin(row_key, np.concatenate([row_key[on], np.asarray(live, dtype=np.int64)])) & known
+        for r in np.flatnonzero(hot):  # unknown readings (None) never step an alert
+            s, g = samples[row_sample[r]], row_gpu[r]
+            host, key = s["host"], f"{g['index']}/{rule.alertname}"
+            cur = new.get(host) or state.get(host) or SubjectState()
+            prior = cur.alerts.get(key)
+            if prior is None and not on[r]:
+                continue
+            st, event = step(prior or AlertState(), s["ts"], float(value[r]), bool(on[r]), bool(off[r]), rule,
+                             config.max_gap_s)
+            kept = {k: v for k, v in cur.alerts.items() if k != key}
+            if st.firing or st.pending_since is not None:
+                kept[key] = st
+            new[host] = replace(cur, alerts=kept)
+            if event:
+                alerts.append(_gpu_alert(rule, event, st, s, g, float(threshold[r]), float(below[r])))
+    for host, w in wm.items():  # changed hosts, and hosts with live alerts, also record their newest sample time
+        cur = new.get(host) or state.get(host)
+        if cur is not None and (host in new or cur.alerts) and w > cur.wm:
+            new[host] = replace(cur, wm=w)
+    alerts.sort(key=lambda a: a.ts)  # chronological, rule order within one sample: as if fed one by one
+    return Evaluation(alerts, new, reports)
+
+
+def _gpu_alert(rule: Rule, event: str, st: AlertState, s: dict, g: dict, threshold: float, below: float) -> Alert:
+    idx, host, value = g["index"], s["host"], st.last_value
+    evidence = {f: float(g[f]) for f in (*FIELDS, "throttle_reasons") if g.get(f) is not None}
+    evidence.update(threshold=threshold, resolve_below=below, dwell_s=rule.dwell_s, resolve_s=rule.resolve_s,
+                    seq=float(s.get("seq", 0)))
+    if rule.bit:
+        shown = f"throttle reasons 0x{g['throttle_reasons']:x}, bit 0x{rule.bit:x} {'set' if value else 'clear'}"
+    else:
+        shown = f"{rule.signal} {value:g} vs threshold {threshold:g}"
+    verb = "since" if event == "firing" else "resolved; started"
+    return Alert(
+        fingerprint=fingerprint(rule.alertname, host=host, gpu_index=idx), status=event, alertname=rule.alertname,
+        severity=rule.severity, ts=s["ts"], starts_at=st.starts_at, ends_at=s["ts"] if event == "resolved" else None,
+        host=host, rack=s.get("rack", ""), gpu_index=idx, value=value, threshold=threshold,
+        summary=f"{host} GPU {idx}: {rule.what} ({shown}); {verb} {st.starts_at:.0f}",
+        labels={k: str(v) for k, v in (("cluster", s.get("cluster")), ("gpu_uuid", g.get("uuid")),
+                                        ("model", g.get("model")), ("job", s.get("job")), ("stage", "power_thermal"))
+                if v},
+        evidence=evidence,
+    )

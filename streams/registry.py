@@ -1,0 +1,64 @@
+"""The stage registry: stable names (config key FLEETPULSE_STAGES, metric `stage` label, log field) and their wiring."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import faust
+
+from fleetpulse.errors import ConfigError
+from schemas.topics import ALERTS, SAMPLES, Topic
+from streams import power_thermal_stage
+from streams.emit import Emitter
+from streams.metrics import StageMetrics
+from streams.settings import StreamsSettings
+
+
+@dataclass
+class StageContext:
+    """What a stage's wiring gets: its settings, its counters, where it produces, and its logger."""
+
+    name: str
+    settings: StreamsSettings
+    metrics: StageMetrics
+    emitter: Emitter
+    log: logging.LoggerAdapter
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[Topic, ...]
+    outputs: tuple[Topic, ...]  # each input's dead-letter topic is an output too
+    wire: Callable[[faust.App, StageContext], list]  # registers the stage's agents and tables; returns the agents
+    description: str
+
+
+_STAGES = [
+    Stage("power_thermal", (SAMPLES,), (ALERTS,), power_thermal_stage.wire,
+          "per-GPU limits, throttle bits and rack budgets -> fire/resolve alerts"),
+]
+STAGES: dict[str, Stage] = {s.name: s for s in _STAGES}
+
+
+def select(names: list[str] | None) -> list[Stage]:
+    """The stages to run, in registry order; None or empty means all. Unknown names stop start-up."""
+    if not names:
+        return list(_STAGES)
+    unknown = sorted(set(names) - set(STAGES))
+    if unknown:
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
+    return [s for s in _STAGES if s.name in names]
+
+
+def stage_logger(name: str) -> logging.LoggerAdapter:
+    """A logger whose records carry the stage's registry name (`stage` field, and a prefix in plain text)."""
+
+    class _Adapter(logging.LoggerAdapter):
+        def process(self, msg, kwargs):
+            kwargs.setdefault("extra", {})["stage"] = name
+            return f"[{name}] {msg}", kwargs
+
+    return _Adapter(logging.getLogger(f"fleetpulse.streams.{name}"), {"stage": name})

@@ -1,0 +1,64 @@
+"""Settings of the stream worker process: which stages run, batching, and the rack power inventory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from fleetpulse.errors import ConfigError
+from fleetpulse.settings import CommonSettings
+
+
+class StreamsSettings(CommonSettings):
+    """FLEETPULSE_STAGES, FLEETPULSE_STREAMS_* and FLEETPULSE_RACK_*; the rest is shared with every process."""
+
+    stages: Annotated[list[str] | None, NoDecode] = Field(
+        default=None, description="comma-separated stage names (streams/registry.py); default all")
+    streams_batch_max: int = Field(default=500, ge=1, le=100_000, description="records per stage batch at most")
+    streams_batch_within_s: float = Field(default=1.0, gt=0, le=60, description="longest wait to fill a batch")
+    streams_web_port: int | None = Field(default=None, ge=1024, le=65535, description="faust web; unset = off")
+    streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
+    rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
+    rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _split(cls, value):
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()] or None
+        return value
+
+    @field_validator("rack_budgets_w")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [rack for rack, watts in value.items() if not watts > 0]
+        if bad:
+            raise ValueError(f"budgets must be positive watts; not for {bad}")
+        return value
+
+    def rack_budgets(self) -> dict[str, float]:
+        """The inventory file's budgets, overridden by rack_budgets_w; empty means no rack alerts."""
+        budgets: dict[str, float] = {}
+        if self.rack_inventory_file is not None:
+            try:
+                raw = json.loads(self.rack_inventory_file.read_text())
+                budgets = {str(rack): float(watts) for rack, watts in raw.items()}
+            except (OSError, ValueError, AttributeError, TypeError) as exc:
+                raise ConfigError(f"rack_inventory_file {self.rack_inventory_file}: {exc}") from exc
+            if any(not w > 0 for w in budgets.values()):
+                raise ConfigError(f"rack_inventory_file {self.rack_inventory_file}: budgets must be positive watts")
+        return {**budgets, **self.rack_budgets_w}
+
+
+def streams_settings(settings: CommonSettings | None = None, **overrides) -> StreamsSettings:
+    """StreamsSettings from the environment, keeping the shared fields of `settings` when one is given."""
+    from fleetpulse.settings import load
+
+    base = settings.model_dump(include=set(CommonSettings.model_fields)) if settings is not None else {}
+    if isinstance(settings, StreamsSettings):
+        base = settings.model_dump()
+    return load(StreamsSettings, **{**base, **overrides})

@@ -1,0 +1,89 @@
+"""The app factory, stage registry, settings and counters, without a broker."""
+
+from __future__ import annotations
+
+import json
+
+import faust
+import pytest
+
+from fleetpulse.errors import ConfigError
+from fleetpulse.settings import load
+from schemas.topics import ALERTS, SAMPLES
+from streams.app import app_id, broker_credentials, create_app, metrics_of
+from streams.metrics import StageMetrics
+from streams.registry import STAGES, select
+from streams.settings import StreamsSettings, streams_settings
+
+
+def settings(tmp_path, **kw) -> StreamsSettings:
+    return load(StreamsSettings, kafka_bootstrap_servers="k1:9092,k2:9092", topic_prefix="ns.", data_dir=tmp_path, **kw)
+
+
+def test_app_is_namespaced_and_configured_from_settings(tmp_path):
+    app = create_app(settings(tmp_path))
+    assert app.conf.id == app_id("ns.") == "ns.fleetpulse-streams"
+    assert [str(u) for u in app.conf.broker] == ["kafka://k1:9092", "kafka://k2:9092"]
+    assert app.conf.topic_partitions == SAMPLES.partitions and app.conf.store.scheme == "memory"
+    assert app.conf.consumer_auto_offset_reset == "earliest" and not app.conf.web_enabled
+    assert app.conf.value_serializer == "raw" and app.conf.datadir == tmp_path / "streams"
+    agents = app.fleetpulse.agents["power_thermal"]
+    assert [a.name for a in agents] == ["power_thermal"]  # no rack budgets: no rack stage
+    assert all(a.concurrency == 1 for a in agents)
+    assert list(agents[0].channel.topics) == ["ns.fleet.telemetry.samples"]
+    changelogs = {t.changelog_topic.get_topic_name(): t.partitions for t in app.tables.values()}
+    assert changelogs == {"ns.fleetpulse-streams-power_thermal-hosts-changelog": 8}
+
+
+def test_rack_budgets_add_the_rack_stage(tmp_path):
+    inventory = tmp_path / "racks.json"
+    inventory.write_text(json.dumps({"r1": 40_000, "r2": 30_000}))
+    s = settings(tmp_path, rack_inventory_file=inventory, rack_budgets_w={"r2": 25_000.0})
+    assert s.rack_budgets() == {"r1": 40_000.0, "r2": 25_000.0}
+    app = create_app(s)
+    assert [a.name for a in app.fleetpulse.agents["power_thermal"]] == ["power_thermal", "power_thermal.racks"]
+    assert sorted(t.changelog_topic.get_topic_name() for t in app.tables.values()) == [
+        "ns.fleetpulse-streams-power_thermal-hosts-changelog", "ns.fleetpulse-streams-power_thermal-racks-changelog"]
+    assert all(a.concurrency == 1 for a in app.agents.values())
+
+
+def test_stage_selection_and_config_errors(tmp_path, monkeypatch):
+    assert [s.name for s in select(None)] == list(STAGES)
+    assert STAGES["power_thermal"].inputs == (SAMPLES,) and STAGES["power_thermal"].outputs == (ALERTS,)
+    with pytest.raises(ConfigError, match="unknown stage.*nope"):
+        create_app(settings(tmp_path), stages=["power_thermal", "nope"])
+    monkeypatch.setenv("FLEETPULSE_STAGES", "power_thermal, ")
+    assert streams_settings().stages == ["power_thermal"]
+    monkeypatch.setenv("FLEETPULSE_RACK_BUDGETS_W", '{"r1": -5}')
+    with pytest.raises(ConfigError, match="rack_budgets_w"):
+        streams_settings()
+    monkeypatch.delenv("FLEETPULSE_RACK_BUDGETS_W")
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="rack_inventory_file"):
+        settings(tmp_path, rack_inventory_file=bad).rack_budgets()
+
+
+def test_security_settings_become_faust_credentials(tmp_path):
+    assert broker_credentials(settings(tmp_path)) is None
+    sasl = broker_credentials(settings(tmp_path, kafka_security_protocol="SASL_SSL",
+                                       kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username="u",
+                                       kafka_sasl_password="p"))
+    assert isinstance(sasl, faust.SASLCredentials) and sasl.protocol.value == "SASL_SSL"
+    assert (sasl.username, sasl.password, sasl.mechanism.value) == ("u", "p", "SCRAM-SHA-512")
+    ssl_only = broker_credentials(settings(tmp_path, kafka_security_protocol="SSL"))
+    assert isinstance(ssl_only, faust.SSLCredentials)
+
+
+def test_counters_read_in_tests_and_as_prometheus_text(tmp_path):
+    app = create_app(settings(tmp_path))
+    m = metrics_of(app)["power_thermal"]
+    m.received, m.emitted, m.errored = 10, 2, 1
+    m.observe_batch(0.003)
+    m.observe_batch(0.2)
+    text = metrics_of(app).prometheus()
+    assert 'fleetpulse_stage_received_total{stage="power_thermal"} 10' in text
+    assert 'fleetpulse_stage_errored_total{stage="power_thermal"} 1' in text
+    assert 'fleetpulse_stage_batch_seconds_bucket{stage="power_thermal",le="0.005"} 1' in text
+    assert 'fleetpulse_stage_batch_seconds_bucket{stage="power_thermal",le="+Inf"} 2' in text
+    assert m.snapshot()["latency_max_s"] == 0.2 and StageMetrics("x").snapshot()["batches"] == 0

@@ -1,0 +1,184 @@
+"""Unit tests of the pure power/thermal rules: dwell, hysteresis, unknown readings, per-device limits, replays."""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetpulse.errors import DecodeError
+from schemas.analytics import Alert
+from streams.power_thermal import (
+    HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, Config, SubjectState, check_sample, evaluate, fingerprint,
+)
+from tests.streams.helpers import gpu, sample, temps_series
+
+
+def run(samples, *, batch: int = 1, state=None, config: Config = Config(), via_json: bool = False):
+    """Feed samples in batches of `batch`, carrying state like the stage does; returns (alerts, state)."""
+    state = dict(state or {})
+    alerts: list[Alert] = []
+    for i in range(0, len(samples), batch):
+        result = evaluate([check_sample(s) for s in samples[i:i + batch]], state, config)
+        alerts += result.alerts
+        state.update(result.state)
+        if via_json:  # the faust table stores JSON: a round trip must not change behaviour
+            state = {h: SubjectState.from_json(orjson.loads(orjson.dumps(s.to_json()))) for h, s in state.items()}
+    return alerts, state
+
+
+def named(alerts, name):
+    return [(a.status, a.ts) for a in alerts if a.alertname == name]
+
+
+def test_fires_after_dwell_not_before():
+    # GpuTempSlowdown: >= 89 C for 15 s. Hot from t=1005; samples every 5 s.
+    alerts, _ = run(temps_series("h1", [80, 90, 90, 90]))
+    assert named(alerts, "GpuTempSlowdown") == []
+    alerts, _ = run(temps_series("h1", [80, 90, 90, 90, 90]))
+    assert named(alerts, "GpuTempSlowdown") == [("firing", 1020.0)]
+    fired = next(a for a in alerts if a.alertname == "GpuTempSlowdown")
+    assert (fired.starts_at, fired.value, fired.threshold, fired.severity) == (1005.0, 90.0, 89.0, "critical")
+    assert fired.gpu_index == 0 and fired.host == "h1" and fired.rack == "r1"
+    assert fired.evidence["gpu_temp_c"] == 90.0 and fired.evidence["slowdown_temp_c"] == 89.0
+    assert fired.labels["gpu_uuid"] == "GPU-0000"
+
+
+def test_a_dip_restarts_the_dwell():
+    alerts, _ = run(temps_series("h1", [90, 90, 85, 90, 90, 90]))
+    assert named(alerts, "GpuTempSlowdown") == []
+
+
+def test_no_refire_while_firing_and_one_resolve():
+    temps = [90] * 40 + [80] * 20
+    alerts, state = run(temps_series("h1", temps))
+    assert named(alerts, "GpuTempSlowdown") == [("firing", 1015.0), ("resolved", 1000.0 + 5 * 52)]
+    resolved = [a for a in alerts if a.alertname == "GpuTempSlowdown"][1]
+    assert resolved.ends_at == resolved.ts and resolved.starts_at == 1000.0
+    assert "0/GpuTempSlowdown" not in state["h1"].alerts  # resolved state is dropped; the watermark stays
+
+
+def test_hysteresis_resolves_only_below_threshold_minus_margin():
+    # slowdown 89, margin 3: 87 C (inside the band) for minutes never resolves.
+    alerts, _ = run(temps_series("h1", [90] * 5 + [87] * 40))
+    assert named(alerts, "GpuTempSlowdown") == [("firing", 1015.0)]
+    # 85 C (< 86) for 60 s resolves; 55 s does not.
+    alerts, _ = run(temps_series("h1", [90] * 5 + [85] * 12))
+    assert named(alerts, "GpuTempSlowdown") == [("firing", 1015.0)]
+    alerts, _ = run(temps_series("h1", [90] * 5 + [85] * 13))
+    assert named(alerts, "GpuTempSlowdown")[-1] == ("resolved", 1085.0)
+
+
+def test_flapping_within_the_margin_does_not_flap_alerts():
+    temps = [90] * 5 + [88, 90] * 30 + [87.5, 89.2] * 30
+    alerts, _ = run(temps_series("h1", temps))
+    assert named(alerts, "GpuTempSlowdown") == [("firing", 1015.0)]
+    # Flapping across the threshold faster than the dwell never fires at all.
+    alerts, _ = run(temps_series("h1", [90, 88] * 40))
+    assert named(alerts, "GpuTempSlowdown") == []
+
+
+def test_unknown_readings_never_fire_or_resolve():
+    alerts, _ = run(temps_series("h1", [None] * 30))
+    assert alerts == []
+    # Firing, then the sensor goes unknown for long: no resolve (None is not 0 C).
+    alerts, state = run(temps_series("h1", [90] * 5 + [None] * 40))
+    assert named(alerts, "GpuTempSlowdown") == [("firing", 1015.0)]
+    assert state["h1"].alerts["0/GpuTempSlowdown"].firing
+    # Unknown limits: a hot GPU whose slowdown limit cannot be read does not fire on it.
+    no_limit = [sample("h1", 1000.0 + 5 * i, [gpu(0, 95.0, slowdown_temp_c=None)]) for i in range(10)]
+    alerts, _ = run(no_limit)
+    assert named(alerts, "GpuTempSlowdown") == [] and named(alerts, "GpuTempNearShutdown") != []
+    # Power unknown while a power alert fires: it stays firing.
+    over = [sample("h1", 1000.0 + 5 * i, [gpu(0, power_w=760.0 if i < 10 else None)]) for i in range(40)]
+    alerts, _ = run(over)
+    assert named(alerts, "GpuPowerOverLimit") == [("firing", 1030.0)]
+
+
+def test_long_unobserved_gap_restarts_the_dwell():
+    # Hot at t=0, unknown for 200 s (> max_gap 120 s), hot again: the dwell counts from the new reading.
+    alerts, _ = run(temps_series("h1", [90] + [None] * 40 + [90, 90]))
+    assert named(alerts, "GpuTempSlowdown") == []
+
+
+def test_limits_are_per_device():
+    readings = [gpu(0, 85.0), gpu(1, 85.0, slowdown_temp_c=80.0, gpu_max_op_temp_c=78.0, shutdown_temp_c=90.0)]
+    samples = [sample("h1", 1000.0 + 5 * i, readings, seq=i) for i in range(20)]
+    alerts, _ = run(samples)
+    assert {(a.alertname, a.gpu_index) for a in alerts} == {("GpuTempSlowdown", 1), ("GpuTempHigh", 1)}
+    assert next(a for a in alerts if a.alertname == "GpuTempSlowdown").threshold == 80.0
+
+
+def test_hbm_and_power_limits():
+    samples = [sample("h1", 1000.0 + 5 * i, [gpu(0, hbm_temp_c=94.0), gpu(1, power_w=700.0),
+                                              gpu(2, power_w=740.0)]) for i in range(20)]
+    alerts, _ = run(samples)
+    assert {(a.alertname, a.gpu_index, a.status) for a in alerts} == {
+        ("HbmTempHigh", 0, "firing"), ("GpuPowerOverLimit", 2, "firing")}
+
+
+def test_throttle_bits_with_their_own_dwell():
+    bits = HW_SLOWDOWN | HW_THERMAL | SW_POWER_CAP
+    samples = [sample("h1", 1000.0 + 5 * i, [gpu(0, throttle_reasons=bits if i < 40 else 0)]) for i in range(80)]
+    alerts, _ = run(samples)
+    assert named(alerts, "GpuHwThermalSlowdown") == [("firing", 1010.0), ("resolved", 1000.0 + 5 * 52)]
+    assert named(alerts, "GpuHwSlowdown")[0] == ("firing", 1010.0)
+    assert named(alerts, "GpuSwPowerCap") == []  # 195 s < its 300 s dwell
+    assert named(alerts, "GpuHwPowerBrake") == []
+
+
+def test_fingerprint_is_stable_and_shared_by_firing_and_resolved():
+    alerts, _ = run(temps_series("h1", [90] * 5 + [80] * 20))
+    firing, resolved = [a for a in alerts if a.alertname == "GpuTempSlowdown"]
+    assert firing.fingerprint == resolved.fingerprint == fingerprint("GpuTempSlowdown", host="h1", gpu_index=0)
+    # The documented identity, hashed without Python's per-process hash(): stable across processes and releases.
+    assert firing.fingerprint == hashlib.sha256(b"GpuTempSlowdown|host=h1|gpu=0|rack=").hexdigest()[:16]
+    assert len({fingerprint("GpuTempSlowdown", host="h1", gpu_index=i) for i in range(8)}) == 8
+    assert fingerprint("A", host="h1", gpu_index=1) != fingerprint("A", host="h11")
+
+
+def test_replayed_samples_do_not_refire_after_resolve():
+    samples = temps_series("h1", [90] * 5 + [80] * 20)
+    alerts, state = run(samples)
+    assert len(alerts) == 4  # slowdown and near-shutdown fire and resolve
+    again, _ = run(samples[3:], state=state)  # at-least-once replay of an uncommitted tail
+    assert again == []
+
+
+def test_batching_and_json_state_do_not_change_the_result():
+    samples = (temps_series("h1", [90] * 8 + [84] * 16 + [91] * 6) + temps_series("h2", [70, 92, 92, 93] * 6)
+               + [sample("h3", 1000.0 + 5 * i, [gpu(0, throttle_reasons=HW_SLOWDOWN)]) for i in range(10)])
+    one, _ = run(sorted(samples, key=lambda s: s["ts"]))
+    for batch in (7, 50, len(samples)):
+        many, _ = run(samples, batch=batch, via_json=True)
+        assert sorted(a.model_dump_json() for a in many) == sorted(a.model_dump_json() for a in one)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.floats(70, 95)), min_size=1, max_size=60), st.integers(1, 20))
+def test_alerts_alternate_and_batching_never_matters(temps, batch):
+    samples = temps_series("h1", temps)
+    alerts, _ = run(samples, batch=batch)
+    alone, _ = run(samples)
+    assert [a.model_dump_json() for a in alerts] == [a.model_dump_json() for a in alone]
+    for name in {a.alertname for a in alerts}:
+        statuses = [s for s, _ in named(alerts, name)]
+        assert statuses == ["firing", "resolved"] * (len(statuses) // 2) + ["firing"] * (len(statuses) % 2)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ([1, 2], "not an object"),
+    ({"ts": 1.0, "gpus": []}, "no host"),
+    ({"host": "h", "ts": "now", "gpus": []}, "ts"),
+    ({"host": "h", "ts": 1.0, "gpus": {}}, "gpus"),
+    ({"host": "h", "ts": 1.0, "gpus": [], "rack": ["r1"]}, "rack"),
+    ({"host": "h", "ts": 1.0, "gpus": [], "seq": "7"}, "seq"),
+    ({"host": "h", "ts": 1.0, "gpus": [{"index": 0, "gpu_temp_c": "hot"}]}, "gpu_temp_c"),
+    ({"host": "h", "ts": 1.0, "gpus": [{"index": 0, "throttle_reasons": -1}]}, "throttle_reasons"),
+])
+def test_check_sample_refuses_what_the_rules_cannot_read(bad, why):
+    with pytest.raises(DecodeError, match=why):
+        check_sample(bad)
