@@ -81,7 +81,17 @@ def load(cls: type[BaseSettings], **overrides) -> BaseSettings:
     try:
         return cls(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{_where(cls, err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid {cls.__name__}: {problems}") from exc
+
+
+def _where(cls: type[BaseSettings], loc: tuple) -> str:
+    """The field as the operator set it: its environment variable name (and the field name)."""
+    if not loc:
+        return "<root>"
+    field = str(loc[0])
+    info = cls.model_fields.get(field)
+    alias = getattr(info.validation_alias, "choices", None) if info is not None else None
+    env = str(alias[0]) if alias else f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+    rest = ".".join(str(p) for p in loc[1:])
+    return f"{env} ({field}{'.' + rest if rest else ''})"

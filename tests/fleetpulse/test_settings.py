@@ -1,0 +1,50 @@
+"""Malformed configuration stops start-up with the variable named; valid configuration derives the rest."""
+
+import subprocess
+import sys
+
+import pytest
+
+from fleetpulse.errors import ConfigError
+from fleetpulse.settings import CommonSettings, load
+from sinks.settings import SinkSettings
+
+
+def test_defaults_point_at_the_local_broker_and_the_embedded_store(monkeypatch, tmp_path):
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("CLICKHOUSE_URL", raising=False)
+    monkeypatch.setenv("FLEETPULSE_DATA_DIR", str(tmp_path))
+    s = load(CommonSettings)
+    assert s.uses_local_kafka and s.bootstrap == "127.0.0.1:19092"
+    assert s.embedded_store and s.clickhouse_dsn == f"chdb://{tmp_path.resolve()}/chdb"
+
+
+def test_unprefixed_standard_variables_name_external_services(monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
+    monkeypatch.setenv("CLICKHOUSE_URL", "https://u:p@ch:8443")
+    s = load(CommonSettings)
+    assert not s.uses_local_kafka and s.bootstrap == "k1:9092,k2:9092"
+    assert not s.embedded_store
+
+
+@pytest.mark.parametrize(
+    "var, value, named",
+    [
+        ("FLEETPULSE_LOCAL_KAFKA_PORT", "ninety", "FLEETPULSE_LOCAL_KAFKA_PORT (local_kafka_port)"),
+        ("FLEETPULSE_KAFKA_SECURITY_PROTOCOL", "CARRIER_PIGEON", "FLEETPULSE_KAFKA_SECURITY_PROTOCOL"),
+        ("FLEETPULSE_TOPIC_PREFIX", "has space", "FLEETPULSE_TOPIC_PREFIX (topic_prefix)"),
+        ("FLEETPULSE_SINK_BATCH_MAX_ROWS", "0", "FLEETPULSE_SINK_BATCH_MAX_ROWS (sink_batch_max_rows)"),
+    ],
+)
+def test_malformed_values_fail_with_the_variable_named(monkeypatch, var, value, named):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match="invalid SinkSettings: .*" + named.replace("(", r"\(").replace(")", r"\)")):
+        load(SinkSettings)
+
+
+def test_the_cli_refuses_to_start_on_bad_config_and_says_why(tmp_path):
+    env = {"FLEETPULSE_QUERY_PORT": "70000", "PATH": "/usr/bin:/bin", "FLEETPULSE_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "fleetpulse.cli", "query", "SELECT 1"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "FLEETPULSE_QUERY_PORT (query_port)" in done.stderr and "less than or equal to 65535" in done.stderr
