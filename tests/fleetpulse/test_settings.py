@@ -1,5 +1,6 @@
 """Malformed configuration stops start-up with the variable named; valid configuration derives the rest."""
 
+import os
 import subprocess
 import sys
 
@@ -11,8 +12,8 @@ from sinks.settings import SinkSettings
 
 
 def test_defaults_point_at_the_local_broker_and_the_embedded_store(monkeypatch, tmp_path):
-    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    monkeypatch.delenv("CLICKHOUSE_URL", raising=False)
+    for var in [v for v in os.environ if v.startswith("FLEETPULSE_")] + ["KAFKA_BOOTSTRAP_SERVERS", "CLICKHOUSE_URL"]:
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FLEETPULSE_DATA_DIR", str(tmp_path))
     s = load(CommonSettings)
     assert s.uses_local_kafka and s.bootstrap == "127.0.0.1:19092"
