@@ -83,7 +83,9 @@ async def stream_worker(settings: CommonSettings, expected: int, env: dict) -> d
         while True:
             lag = await watch.group_lag(group, topics)
             now = time.perf_counter()
-            if first is None and lag < expected:
+            if lag is None:
+                lag = expected
+            elif first is None and lag < expected:
                 first = (now, expected - lag)
             if lag == 0 or now - started > 600:
                 break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 
 class OffsetWatch:
@@ -22,10 +23,18 @@ class OffsetWatch:
     async def end_offsets(self) -> dict[TopicPartition, int]:
         return await self.consumer.end_offsets(self.partitions)
 
-    async def group_lag(self, group: str, topics: list[str]) -> int:
-        """Records in `topics` that `group` has not committed yet (a missing commit counts as all of them)."""
+    async def group_lag(self, group: str, topics: list[str]) -> int | None:
+        """Records in `topics` that `group` has not committed yet (a missing commit counts as all of them).
+
+        None while the group's coordinator is not available yet (a group that is still forming).
+        """
         ends = {tp: o for tp, o in (await self.end_offsets()).items() if tp.topic in topics}
-        committed = await self.admin.list_consumer_group_offsets(group)
+        try:
+            committed = await self.admin.list_consumer_group_offsets(group)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            return None
         lag = 0
         for tp, end in ends.items():
             meta = committed.get(tp)

@@ -153,7 +153,7 @@ class Stack:
             deadline = time.monotonic() + budget
             while time.monotonic() < deadline and self.children[name].running:
                 lag = await watch.group_lag(group, topics)
-                view.note(f"waiting for {name} to catch up: {lag} records behind")
+                view.note(f"waiting for {name} to catch up: {'?' if lag is None else lag} records behind")
                 await self._refresh(view, watch)
                 if lag == 0:
                     break
