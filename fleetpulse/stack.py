@@ -40,6 +40,7 @@ class Child:
     log: Path
     proc: asyncio.subprocess.Process | None = None
     stdout: bytes = b""
+    exited: asyncio.Task | None = None  # the one reader of the child's stdout, shared by every waiter
 
     async def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -48,20 +49,24 @@ class Child:
             sys.executable, "-m", "fleetpulse.cli", *self.argv,
             stdout=asyncio.subprocess.PIPE, stderr=self.log.open("ab"), start_new_session=True,
         )
+        self.exited = asyncio.create_task(self._collect())
+
+    async def _collect(self) -> int:
+        self.stdout, _ = await self.proc.communicate()
+        return self.proc.returncode
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
     async def wait(self) -> int:
-        out, _ = await self.proc.communicate()
-        self.stdout += out or b""
-        return self.proc.returncode
+        return await asyncio.shield(self.exited)
 
     async def stop(self, timeout: float = 30) -> int | None:
-        if not self.running:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
+        if self.proc is None:
+            return None
+        if self.running:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             return await asyncio.wait_for(self.wait(), timeout)
         except asyncio.TimeoutError:
