@@ -113,6 +113,7 @@ class Stack:
         sim_done = asyncio.create_task(simulator.wait())
         try:
             with view:
+                view.note("running — Ctrl-C stops everything cleanly")
                 while not (interrupted.is_set() or sim_done.done()):
                     await self._refresh(view, watch)
                     crashed = [c.name for c in self.children.values() if c.proc and c.proc.returncode not in (None, 0)]
