@@ -15,6 +15,8 @@ from schemas.telemetry import GpuReading, HostSample
 PROVENANCE = (
     Column("kafka_partition", "UInt16", None, int),
     Column("kafka_offset", "UInt64", "Delta, ZSTD(1)", int),
+    # The record's Kafka timestamp (producer create time, ms): end-to-end latencies are measured from it.
+    Column("kafka_ts", "DateTime64(3, 'UTC')", "Delta, ZSTD(1)", int),
 )
 INGESTED_AT = "`ingested_at` DateTime64(3, 'UTC') DEFAULT now64(3) CODEC(Delta, ZSTD(1))"
 _MISSING = object()
@@ -79,13 +81,13 @@ class Table:
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 
-    def rows(self, record: Any, partition: int, offset: int) -> list[tuple]:
+    def rows(self, record: Any, partition: int, offset: int, kafka_ts_ms: int = 0) -> list[tuple]:
         """Rows for one decoded record; raises DecodeError (-> dead-letter topic) on a malformed one."""
         if type(record) is not dict:
             raise DecodeError(f"expected a JSON object, got {type(record).__name__}")
         head = tuple(f.take(record) for f in self.fields)
         if not self.per_gpu:
-            return [head + (partition, offset)]
+            return [head + (partition, offset, kafka_ts_ms)]
         gpus = record.get("gpus")
         if type(gpus) is not list or not gpus:
             raise DecodeError("field 'gpus': expected a non-empty list of GPU readings")
@@ -93,7 +95,7 @@ class Table:
         for gpu in gpus:
             if type(gpu) is not dict:
                 raise DecodeError("field 'gpus': expected objects")
-            rows.append(head + (len(gpus),) + tuple(f.take(gpu) for f in self.gpu_fields) + (partition, offset))
+            rows.append(head + (len(gpus),) + tuple(f.take(gpu) for f in self.gpu_fields) + (partition, offset, kafka_ts_ms))
         return rows
 
 

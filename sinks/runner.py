@@ -135,7 +135,7 @@ class ClickHouseSink:
         for rec in records:
             stats.records += 1
             try:
-                rows = batch.table.rows(decode(rec.value), tp.partition, rec.offset)
+                rows = batch.table.rows(decode(rec.value), tp.partition, rec.offset, rec.timestamp)
             except DecodeError as exc:
                 await self.send_dead_letter(tp, rec, str(exc))
                 stats.dead_letters += 1

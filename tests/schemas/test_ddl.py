@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -54,7 +55,7 @@ def test_rows_from_any_valid_message_read_back_unchanged(db, name):
     def check(value):
         message = decode(encode(table.topic.model.model_validate(value)))
         off = next(offset)
-        rows = table.rows(message, partition=3, offset=off)
+        rows = table.rows(message, partition=3, offset=off, kafka_ts_ms=int(time.time() * 1000))
         assert len(rows) == (len(message["gpus"]) if table.per_gpu else 1)
         db.insert(table.name, rows, column_names=names)
         back = db.query(f"SELECT {', '.join(names)} FROM {table.name} WHERE kafka_offset = {off} "

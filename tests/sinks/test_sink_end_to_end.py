@@ -78,6 +78,10 @@ async def test_a_run_of_known_size_lands_exactly_once_and_replays_add_nothing(se
     await sink_until(settings, lambda s: s.stats.tables["gpu_samples"].rows >= expected_rows)
     check = "SELECT count(), sum(power_w), sum(energy_mj), uniqExact(host, seq, gpu_index) FROM gpu_samples"
     assert rows_in(settings, check) == [(expected_rows, pytest.approx(power_sum, rel=1e-12), energy_sum, expected_rows)]
+    # Every row carries where it came from: partition, offset and the record's Kafka timestamp.
+    provenance = "SELECT uniqExact(kafka_partition, kafka_offset), toUnixTimestamp64Milli(min(kafka_ts)) FROM gpu_samples"
+    distinct_records, first_ms = rows_in(settings, provenance)[0]
+    assert distinct_records == len(samples) and abs(first_ms / 1000 - now) < 120
 
     # Same group again: offsets were committed after the insert, nothing new to read.
     same = await sink_until(settings, lambda s: False, timeout=4)
