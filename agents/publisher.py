@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 
+import aiokafka.errors as kafka_errors
 from aiokafka import AIOKafkaProducer
 from aiokafka.codec import has_zstd
 from aiokafka.errors import KafkaError
@@ -16,6 +18,10 @@ from schemas.codec import encode
 from schemas.topics import Topic
 
 DEFAULT_MAX_PENDING = 20_000
+# The broker refuses the record itself: sending it again can never succeed, so it is counted in `failed`, not kept.
+REFUSED = (kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError,
+           kafka_errors.RecordTooLargeError, kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError,
+           kafka_errors.InvalidTimestampError, kafka_errors.UnsupportedForMessageFormatError)
 
 
 class Publisher:
@@ -24,7 +30,7 @@ class Publisher:
     `send` only enqueues; delivery results are collected and checked by `flush` (called automatically once
     `max_pending` deliveries are outstanding), so a burst of thousands of records is batched by the producer
     instead of awaited one at a time. `sent` counts delivered records per registry topic name.
-    Subclasses extend delivery by overriding `_produce` (e.g. an on-disk spool).
+    Subclasses extend delivery by overriding `_produce` (agents.spool.SpoolingPublisher adds an on-disk spool).
     """
 
     def __init__(self, settings: CommonSettings, *, client_id: str = "fleetpulse-agent", linger_ms: int = 20,
@@ -117,3 +123,33 @@ class Publisher:
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
+
+
+def failed_future(exc: BaseException) -> asyncio.Future:
+    """A delivery future that already failed (a record refused before the producer queued it)."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(exc)
+    return future
+
+
+async def retire(producer: AIOKafkaProducer, grace_s: float = 2.0) -> None:
+    """Stop a producer; if it cannot flush within `grace_s` (broker away), tear it down without delivering.
+
+    aiokafka has no abort for an idempotent producer: stop() waits for every queued batch forever. The teardown
+    cancels its sender, fails what is still queued (those records are already back in the spool) and closes
+    the client. This reaches into aiokafka internals (`_sender`, `_message_accumulator`), pinned to aiokafka 0.14.
+    """
+    stop = asyncio.create_task(producer.stop())
+    done, _ = await asyncio.wait({stop}, timeout=grace_s)
+    if done:
+        with contextlib.suppress(KafkaError, OSError):
+            stop.result()
+        return
+    stop.cancel()
+    with contextlib.suppress(asyncio.CancelledError, KafkaError, OSError):
+        await stop
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer._sender.close(), grace_s)
+    producer._message_accumulator.fail_all(kafka_errors.KafkaConnectionError("producer retired during an outage"))
+    with contextlib.suppress(Exception):
+        await producer.client.close()

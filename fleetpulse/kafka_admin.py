@@ -23,12 +23,17 @@ def wanted_topics(prefix: str = "", replication: int = 1) -> list[NewTopic]:
 
 
 async def ensure_topics(client_args: dict, prefix: str = "", replication: int = 1, timeout: float = 30) -> list[str]:
-    """Create missing topics and wait until every partition has a leader; returns the names created."""
+    """Create the registry's missing topics and wait until every partition has a leader; returns the names created."""
+    return await create_missing(client_args, wanted_topics(prefix, replication), timeout)
+
+
+async def create_missing(client_args: dict, wanted: list[NewTopic], timeout: float = 30) -> list[str]:
+    """Create whichever of `wanted` do not exist yet, then wait for their partition leaders."""
     admin = AIOKafkaAdminClient(**client_args)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [nt for nt in wanted_topics(prefix, replication) if nt.name not in existing]
+        missing = [nt for nt in wanted if nt.name not in existing]
         if missing:
             try:
                 await admin.create_topics(missing)

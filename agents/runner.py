@@ -1,0 +1,177 @@
+"""AgentRunner: runs the chosen host collectors on their cadence (blocking calls in threads), publishes the output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from agents.nvml import Nvml
+from agents.publisher import Publisher
+from agents.registry import BuildContext, Collector, CollectorSpec, chosen_specs, messages, unsupported_reason
+from agents.settings import AgentSettings
+from fleetpulse.errors import BrokerError
+from schemas.topics import Topic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectorState:
+    """One chosen collector: its instance, whether it runs here, and its counters (the agent's metrics)."""
+
+    spec: CollectorSpec
+    collector: Collector | None = None
+    supported: bool = False
+    reason: str | None = None
+    polls: int = 0
+    errors: int = 0
+    records: int = 0
+    last_poll_s: float = 0.0
+    last_error: str | None = None
+    busy: asyncio.Future | None = None  # the sample() running in a thread right now
+    task: asyncio.Task | None = None
+
+
+class AgentRunner:
+    """Probes every chosen collector once (unsupported ones are logged once and skipped), then polls the rest:
+    samples every `agent_interval_s` on a fixed schedule, event sources (XIDs, NCCL) every `agent_event_poll_s`
+    or as soon as the previous poll found something. Each poll runs in a thread (`asyncio.to_thread`), so a slow
+    NVML call or exporter scrape never stalls the others or the publisher. Unsupported collectors are probed again
+    every `agent_recheck_s` (a driver that loads late, an exporter that starts late), quietly.
+    """
+
+    def __init__(self, settings: AgentSettings, *, publisher: Publisher | None = None, nvml: Nvml | None = None):
+        self.settings, self.publisher = settings, publisher
+        self.ctx = BuildContext(settings, nvml)
+        self.states: dict[str, CollectorState] = {spec.name: CollectorState(spec) for spec in chosen_specs(settings)}
+        self.publish_errors = 0
+
+    # -- probing ---------------------------------------------------------------------------------------------------
+    async def probe(self, *, announce: bool = True) -> None:
+        """Build and probe every collector not yet running (in order: nvml_xid must exist before nvml is built)."""
+        for state in self.states.values():
+            if not state.supported:
+                await asyncio.to_thread(self._probe, state, announce)
+
+    def _probe(self, state: CollectorState, announce: bool) -> None:
+        name = state.spec.name
+        try:
+            collector = state.spec.build(self.ctx)
+            supported = collector.is_supported()
+            reason = None if supported else unsupported_reason(collector)
+        except Exception as exc:  # a probe that blows up means "not here", never a crash of the agent
+            collector, supported, reason = None, False, f"probe failed: {exc!r}"
+        if not supported and collector is not None:
+            with contextlib.suppress(Exception):
+                collector.close()
+            collector = None
+        state.collector, state.supported, state.reason = collector, supported, reason
+        if supported:
+            log.info("collector %s: running on %s", name, self.settings.agent_host)
+        elif announce:
+            log.warning("collector %s: unsupported on %s: %s (skipped)", name, self.settings.agent_host, reason)
+
+    # -- polling ---------------------------------------------------------------------------------------------------
+    async def poll(self, state: CollectorState) -> list[tuple[Topic, BaseModel]]:
+        """One sample() in a thread -> the (topic, message) pairs it yields; errors are counted, not raised."""
+        started = time.perf_counter()
+        state.busy = asyncio.ensure_future(asyncio.to_thread(state.collector.sample))
+        try:
+            result = await asyncio.shield(state.busy)
+        except Exception as exc:
+            state.errors += 1
+            if repr(exc) != state.last_error:  # log a new kind of failure, not every repeat of it
+                log.warning("collector %s: %r", state.spec.name, exc)
+            state.last_error = repr(exc)
+            return []
+        finally:
+            state.polls += 1
+            state.last_poll_s = time.perf_counter() - started
+        out = messages(result, self.settings.agent_job)
+        state.records += len(out)
+        return out
+
+    async def _publish(self, out: list[tuple[Topic, BaseModel]]) -> None:
+        for topic, message in out:
+            try:
+                await self.publisher.send(topic, message)
+            except BrokerError as exc:  # refused for good (too large, ...): counted by the publisher too
+                self.publish_errors += 1
+                log.error("publish to %s failed: %s", topic.name, exc)
+
+    async def _run_collector(self, state: CollectorState) -> None:
+        s = self.settings
+        period = s.agent_event_poll_s if state.spec.continuous else s.agent_interval_s
+        next_at = time.monotonic()
+        while True:
+            out = await self.poll(state)
+            await self._publish(out)
+            if state.spec.continuous and out:
+                next_at = time.monotonic()  # more may be queued: read again at once
+            else:
+                next_at += period
+                if next_at < time.monotonic():  # fell behind (a slow poll): skip the missed ticks
+                    next_at = time.monotonic() + period
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def _recheck(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.agent_recheck_s)
+            await self.probe(announce=False)
+            self._start_loops()
+
+    def _start_loops(self) -> None:
+        for state in self.states.values():
+            if state.supported and state.task is None:
+                state.task = asyncio.create_task(self._run_collector(state), name=f"collector-{state.spec.name}")
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Probe, poll and publish until `stop` is set; then close every collector."""
+        await self.probe()
+        self._start_loops()
+        recheck = asyncio.create_task(self._recheck()) if self.settings.agent_recheck_s > 0 else None
+        try:
+            await stop.wait()
+        finally:
+            tasks = [t for t in [recheck, *(s.task for s in self.states.values())] if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.close()
+
+    async def once(self, after_probe: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Probe, poll each supported collector once, close: what `fleetpulse agent --once` prints."""
+        await self.probe()
+        if after_probe is not None:
+            after_probe()
+        report: dict[str, Any] = {"host": self.settings.agent_host, "collectors": {}}
+        try:
+            for name, state in self.states.items():
+                entry: dict[str, Any] = {"supported": state.supported}
+                if state.supported:
+                    for topic, message in await self.poll(state):
+                        report.setdefault(topic.name, []).append(message.model_dump(mode="json"))
+                    entry.update(poll_s=round(state.last_poll_s, 6), error=state.last_error)
+                else:
+                    entry["reason"] = state.reason
+                report["collectors"][name] = entry
+        finally:
+            await self.close()
+        return report
+
+    async def close(self) -> None:
+        busy = [s.busy for s in self.states.values() if s.busy is not None and not s.busy.done()]
+        if busy:  # a sample() still in its thread: let it finish before its collector is closed under it
+            await asyncio.wait(busy)
+        for state in self.states.values():
+            if state.collector is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(state.collector.close)
+                state.collector, state.supported, state.task = None, False, None
