@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import faust
+from aiokafka.admin import NewTopic
 
 from fleetpulse.errors import BrokerError
-from fleetpulse.kafka_admin import ensure_topics
+from fleetpulse.kafka_admin import create_missing, ensure_topics
 from streams.app import create_app
 from streams.registry import STAGES
 from streams.settings import streams_settings
@@ -27,12 +28,26 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loglevel", default="info", help="worker log level (default: info)")
 
 
-async def _ensure_topics(settings, timeout: float = 30.0) -> None:
+def internal_topics(app: faust.App, replication: int) -> list[NewTopic]:
+    """The stages' own re-keying topics: created before the worker subscribes, or faust skips them until its
+    next metadata refresh (a fresh namespace then produces nothing for minutes)."""
+    out: dict[str, NewTopic] = {}
+    for agent in app.agents.values():
+        channel = agent.channel
+        if getattr(channel, "internal", False):
+            partitions = channel.partitions or app.conf.topic_partitions
+            out.update((name, NewTopic(name, partitions, replication)) for name in channel.topics)
+    return list(out.values())
+
+
+async def _ensure_topics(settings, app: faust.App, timeout: float = 30.0) -> None:
     """Create the registry's topics first: subscribing to a missing topic would auto-create it with 1 partition."""
     try:
         async with asyncio.timeout(timeout):
             created = await ensure_topics(settings.kafka_client_args(), settings.topic_prefix,
                                           settings.streams_replication)
+            created += await create_missing(settings.kafka_client_args(),
+                                            internal_topics(app, settings.streams_replication))
     except Exception as exc:  # noqa: BLE001 - connection refused, timeout, auth: the broker is not usable
         raise BrokerError(f"cannot create topics on {settings.bootstrap}: {exc!r}") from exc
     if created:
@@ -48,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     asyncio.set_event_loop(loop)
     started: float | None = time.monotonic()
     try:
-        loop.run_until_complete(_ensure_topics(settings))
+        loop.run_until_complete(_ensure_topics(settings, app))
     except BaseException:
         loop.close()
         raise

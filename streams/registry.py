@@ -9,8 +9,10 @@ from dataclasses import dataclass
 import faust
 
 from fleetpulse.errors import ConfigError
-from schemas.topics import ALERTS, SAMPLES, Topic
-from streams import power_thermal_stage
+from schemas.topics import (
+    ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, XID, Topic,
+)
+from streams import fault_bins_stage, health_stage, lifecycle_stage, power_thermal_stage, stragglers_stage
 from streams.emit import Emitter
 from streams.metrics import StageMetrics
 from streams.settings import StreamsSettings
@@ -39,6 +41,14 @@ class Stage:
 _STAGES = [
     Stage("power_thermal", (SAMPLES,), (ALERTS,), power_thermal_stage.wire,
           "per-GPU limits, throttle bits and rack budgets -> fire/resolve alerts"),
+    Stage("fault_bins", (XID, SAMPLES), (FAULTS,), fault_bins_stage.wire,
+          "XID/SXid lines and counter faults -> catalog bin, escalation, deduplicated fault events"),
+    Stage("stragglers", (NCCL, SAMPLES), (STRAGGLERS,), stragglers_stage.wire,
+          "per-rank robust z of compute or arrival lateness, K of N windows, GPU throttle/temperature -> scores"),
+    Stage("health", (SAMPLES, FAULTS, STRAGGLERS, REMEDIATION), (HEALTH,), health_stage.wire,
+          "hard gates and weighted penalties per GPU and node -> 0-100 scores with reasons, on change and heartbeat"),
+    Stage("lifecycle", (HEALTH, FAULTS, REMEDIATION), (NODE_STATE, DRAIN, ALERTS), lifecycle_stage.wire,
+          "node state machine, fleet-wide drain breaker, repair/validate loop, usable compute per minute"),
 ]
 STAGES: dict[str, Stage] = {s.name: s for s in _STAGES}
 

@@ -21,7 +21,7 @@ def settings(tmp_path, **kw) -> StreamsSettings:
 
 
 def test_app_is_namespaced_and_configured_from_settings(tmp_path):
-    app = create_app(settings(tmp_path))
+    app = create_app(settings(tmp_path), stages=["power_thermal"])
     assert app.conf.id == app_id("ns.") == "ns.fleetpulse-streams"
     assert [str(u) for u in app.conf.broker] == ["kafka://k1:9092", "kafka://k2:9092"]
     assert app.conf.topic_partitions == SAMPLES.partitions and app.conf.store.scheme == "memory"
@@ -40,11 +40,19 @@ def test_rack_budgets_add_the_rack_stage(tmp_path):
     inventory.write_text(json.dumps({"r1": 40_000, "r2": 30_000}))
     s = settings(tmp_path, rack_inventory_file=inventory, rack_budgets_w={"r2": 25_000.0})
     assert s.rack_budgets() == {"r1": 40_000.0, "r2": 25_000.0}
-    app = create_app(s)
+    app = create_app(s, stages=["power_thermal"])
     assert [a.name for a in app.fleetpulse.agents["power_thermal"]] == ["power_thermal", "power_thermal.racks"]
     assert sorted(t.changelog_topic.get_topic_name() for t in app.tables.values()) == [
         "ns.fleetpulse-streams-power_thermal-hosts-changelog", "ns.fleetpulse-streams-power_thermal-racks-changelog"]
     assert all(a.concurrency == 1 for a in app.agents.values())
+
+
+def test_every_registered_stage_wires_with_concurrency_one_and_namespaced_state(tmp_path):
+    app = create_app(settings(tmp_path))
+    assert set(app.fleetpulse.agents) == set(STAGES)
+    assert all(a.concurrency == 1 for a in app.agents.values())  # faust 0.15.3 loses offsets above 1
+    changelogs = [t.changelog_topic.get_topic_name() for t in app.tables.values()]
+    assert changelogs and all(name.startswith("ns.fleetpulse-streams-") for name in changelogs)
 
 
 def test_stage_selection_and_config_errors(tmp_path, monkeypatch):
