@@ -25,6 +25,9 @@ class CommonSettings(BaseSettings):
     kafka_sasl_mechanism: str | None = None
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = Field(default=None, description="CA bundle for SSL/SASL_SSL (default: system CAs)")
+    kafka_ssl_certfile: Path | None = Field(default=None, description="client certificate for mutual TLS")
+    kafka_ssl_keyfile: Path | None = None
     local_kafka_port: int = Field(default=19092, ge=1024, le=65535)
     clickhouse_url: str | None = Field(
         default=None,
@@ -68,6 +71,14 @@ class CommonSettings(BaseSettings):
     def kafka_client_args(self) -> dict:
         """Keyword arguments shared by aiokafka producers, consumers and admin clients."""
         args: dict = {"bootstrap_servers": self.bootstrap, "security_protocol": self.kafka_security_protocol}
+        if self.kafka_security_protocol in ("SSL", "SASL_SSL"):  # aiokafka refuses TLS without a context
+            from aiokafka.helpers import create_ssl_context
+
+            args["ssl_context"] = create_ssl_context(
+                cafile=str(self.kafka_ssl_cafile) if self.kafka_ssl_cafile else None,
+                certfile=str(self.kafka_ssl_certfile) if self.kafka_ssl_certfile else None,
+                keyfile=str(self.kafka_ssl_keyfile) if self.kafka_ssl_keyfile else None,
+            )
         if self.kafka_sasl_mechanism:
             args["sasl_mechanism"] = self.kafka_sasl_mechanism
             args["sasl_plain_username"] = self.kafka_sasl_username

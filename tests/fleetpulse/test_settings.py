@@ -49,3 +49,17 @@ def test_the_cli_refuses_to_start_on_bad_config_and_says_why(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "FLEETPULSE_QUERY_PORT (query_port)" in done.stderr and "less than or equal to 65535" in done.stderr
+
+
+def test_tls_protocols_get_an_ssl_context_for_aiokafka(monkeypatch):
+    import ssl
+
+    monkeypatch.setenv("FLEETPULSE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("FLEETPULSE_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("FLEETPULSE_KAFKA_SASL_USERNAME", "u")
+    monkeypatch.setenv("FLEETPULSE_KAFKA_SASL_PASSWORD", "p")
+    args = load(CommonSettings).kafka_client_args()
+    assert isinstance(args["ssl_context"], ssl.SSLContext)
+    assert args["sasl_plain_password"] == "p" and args["security_protocol"] == "SASL_SSL"
+    monkeypatch.setenv("FLEETPULSE_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT")
+    assert "ssl_context" not in load(CommonSettings).kafka_client_args()
