@@ -59,6 +59,7 @@ class KernelLogParser:
         self.boot_time = boot_time
         self.source = source
         self.repeats: Counter[tuple] = Counter()
+        self._prune_at = 4096
         self.stats: Counter[str] = Counter()
         self._last_emit: dict[tuple, float] = {}
         self._pending: tuple[str, int, str, list[str]] | None = None  # pci, lines left, start prefix, lines
@@ -141,8 +142,10 @@ class KernelLogParser:
             self.stats["repeats"] += 1
             return []
         self._last_emit[key] = ts
-        if len(self._last_emit) > 4096:
+        if len(self._last_emit) > self._prune_at:
             self._last_emit = {k: t for k, t in self._last_emit.items() if abs(ts - t) < self.dedup_window_s}
+            # Prune again only once the table has doubled: a storm of distinct lines stays linear, not quadratic.
+            self._prune_at = max(4096, 2 * len(self._last_emit))
         pci = parsed.pci_bus_id
         event = XidEvent(
             **self.labels, ts=ts, kind=parsed.kind, code=parsed.code, pci_bus_id=pci,
