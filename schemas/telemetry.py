@@ -36,6 +36,8 @@ class GpuReading(BaseModel):
     power_limit_w: float | None = Field(default=None, ge=0, description="enforced power limit")
     energy_mj: int | None = Field(default=None, ge=0, description="energy since driver load, mJ")
     throttle_reasons: int | None = Field(default=None, ge=0, description="NVML clocks-event reason bitmask")
+    throttle_power_ns: int | None = Field(default=None, ge=0, description="cumulative time clocks were held by power")
+    throttle_thermal_ns: int | None = Field(default=None, ge=0, description="cumulative time held by thermal limits")
     # device limits (read once by collectors, repeated here so every sample is self-describing)
     slowdown_temp_c: float | None = None
     shutdown_temp_c: float | None = None
@@ -61,6 +63,7 @@ class GpuReading(BaseModel):
     # fault state
     last_xid: int | None = Field(default=None, ge=0)
     recovery_action: int | None = Field(default=None, ge=0, le=7, description="nvmlDeviceGpuRecoveryAction_t")
+    mig_enabled: bool | None = Field(default=None, description="MIG mode (per-instance metrics are not in this row)")
     unsupported: list[str] = Field(default_factory=list, description="fields this GPU cannot report")
 
 

@@ -21,6 +21,9 @@ GROUP_FIELDS = {
     "memory": ("mem_used_mib", "mem_total_mib"),
     "remapped_rows": ("remapped_rows_correctable", "remapped_rows_uncorrectable", "row_remap_pending",
                       "row_remap_failure"),
+    "violation_power": ("throttle_power_ns",),
+    "violation_thermal": ("throttle_thermal_ns",),
+    "mig_mode": ("mig_enabled",),
 }
 LIMITS = {  # GpuReading field -> nvmlTemperatureThresholds_t
     "shutdown_temp_c": pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
@@ -148,11 +151,13 @@ class NvmlDevice:
         r["pcie_replay_count"] = get("pcie_replay_count", nvml.nvmlDeviceGetPcieReplayCounter)
         for field, counters in NVLINK.items():
             r[field] = self._nvlink_sum(field, counters)
-        r["unsupported"] = sorted(f for g in self.unsupported for f in GROUP_FIELDS.get(g, (g,)) if f in _READING)
         violations = {}
         for name, policy in VIOLATIONS.items():
             v = get(f"violation_{name}", nvml.nvmlDeviceGetViolationStatus, policy)
             violations[name] = int(v.violationTime) if v is not None else None
+        r["throttle_power_ns"], r["throttle_thermal_ns"] = violations.get("power"), violations.get("thermal")
+        r["mig_enabled"] = None if mig_now is None else mig_now == 1
+        r["unsupported"] = sorted(f for g in self.unsupported for f in GROUP_FIELDS.get(g, (g,)) if f in _READING)
         return r, {"mig_mode": mig_now, "mig_pending": int(mig[1]) if mig is not None else None,
                    "violation_ns": violations}
 

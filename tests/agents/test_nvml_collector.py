@@ -257,3 +257,15 @@ def test_close_shuts_nvml_down(fake):
     collector.sample()
     collector.close()
     assert fake.calls["nvmlShutdown"] == 1 and fake._refcount == 0
+
+
+def test_throttle_time_counters_and_mig_mode_reach_the_published_sample():
+    from agents.nvml import NvmlCollector
+    from agents.nvml.fake import FakeNvml
+
+    collector = NvmlCollector(FakeNvml(), host="h")
+    a = collector.sample().sample.gpus[0]
+    b = collector.sample().sample.gpus[0]
+    assert a.throttle_power_ns is not None and a.throttle_thermal_ns is not None
+    assert a.mig_enabled is False and "mig_enabled" not in a.unsupported
+    assert b.throttle_power_ns >= a.throttle_power_ns  # cumulative counters never go backwards
