@@ -1,0 +1,128 @@
+"""`fleetpulse breaker status|reset`: the fleet-wide drain breaker's state, and an operator's reset after a trip."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import time
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from fleetpulse.errors import BrokerError
+from fleetpulse.settings import CommonSettings, load
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["status", "reset"])
+    p.add_argument("--by", default=None, help="who resets (recorded, and named in the resolved alert); default: you")
+    p.add_argument("--note", default="", help="why it is safe to drain again")
+    p.add_argument("--wait", type=float, default=30.0,
+                   help="seconds to wait for the stream worker to apply the reset (0: send and return)")
+
+
+def topics(prefix: str) -> tuple[str, str]:
+    """The breaker's command topic and its state's changelog (see streams/lifecycle_stage.py)."""
+    from streams.app import app_id
+    from streams.lifecycle_stage import fleet_topic
+
+    return fleet_topic(app_id(prefix)), f"{app_id(prefix)}-lifecycle-fleet-changelog"
+
+
+async def read_state(client_args: dict, changelog: str, timeout: float = 30.0) -> dict:
+    """The fleet step's table as it stands in its changelog: the newest value of every key."""
+    consumer = AIOKafkaConsumer(**client_args, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(changelog, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end, state = (await consumer.end_offsets([tp]))[tp], {}
+        deadline = time.monotonic() + timeout
+        while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise BrokerError(f"reading {changelog} took longer than {timeout:.0f}s")
+            for records in (await consumer.getmany(tp, timeout_ms=500)).values():
+                for r in records:
+                    key = orjson.loads(r.key)
+                    if r.value is None:
+                        state.pop(key, None)
+                    else:
+                        state[key] = orjson.loads(r.value)
+        return state
+    finally:
+        await consumer.stop()
+
+
+def summary(state: dict, namespace: str) -> dict:
+    breaker = state.get("breaker") or {}
+    return {
+        "namespace": namespace or "(none)",
+        "breaker": "open" if breaker.get("open") else "closed",
+        "reason": breaker.get("reason", ""),
+        "opened_at": breaker.get("opened_at") or None,
+        "denied_since_open": breaker.get("denied", 0),
+        "trips": breaker.get("trips", 0),
+        "admitted_total": breaker.get("admitted", 0),
+        "drains_in_window": [{"ts": ts, "host": host} for ts, host in breaker.get("window", [])],
+        "last_reset": breaker.get("last_reset") or None,
+        "known_nodes": sum(1 for k in state if k.startswith("share:")),
+        "usable_compute": state.get("usable_compute"),
+    }
+
+
+async def _existing(client_args: dict, names: list[str]) -> set[str]:
+    admin = AIOKafkaAdminClient(**client_args)
+    await admin.start()
+    try:
+        return set(await admin.list_topics()) & set(names)
+    finally:
+        await admin.close()
+
+
+async def status(settings: CommonSettings) -> dict:
+    _, changelog = topics(settings.topic_prefix)
+    args = settings.kafka_client_args()
+    if changelog not in await _existing(args, [changelog]):
+        raise BrokerError(f"no breaker state in namespace {settings.topic_prefix!r}: has the lifecycle stage run?")
+    return summary(await read_state(args, changelog), settings.topic_prefix)
+
+
+async def reset(settings: CommonSettings, by: str, note: str, wait: float) -> tuple[dict | None, float]:
+    """Send a reset command to the fleet step; with wait > 0, return the state once the worker applied it."""
+    command_topic, changelog = topics(settings.topic_prefix)
+    args = settings.kafka_client_args()
+    if command_topic not in await _existing(args, [command_topic]):
+        raise BrokerError(f"{command_topic} does not exist: no lifecycle stage has run in this namespace")
+    ts = time.time()
+    producer = AIOKafkaProducer(**args, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(command_topic, orjson.dumps({"kind": "reset", "ts": ts, "by": by, "note": note}),
+                                     key=b"fleet")
+    finally:
+        await producer.stop()
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        state = await read_state(args, changelog)
+        if ((state.get("breaker") or {}).get("last_reset") or {}).get("ts") == ts:
+            return summary(state, settings.topic_prefix), ts
+        await asyncio.sleep(0.5)
+    return None, ts
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load(CommonSettings)
+    if args.action == "status":
+        print(json.dumps(asyncio.run(status(settings)), indent=2))
+        return 0
+    state, ts = asyncio.run(reset(settings, args.by or getpass.getuser(), args.note, args.wait))
+    if state is None:
+        print(json.dumps({"sent": True, "ts": ts, "applied": False,
+                          "note": "no stream worker applied the reset yet; it will when the lifecycle stage runs"}))
+        return 1 if args.wait > 0 else 0
+    print(json.dumps(state, indent=2))
+    return 0

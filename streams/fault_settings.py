@@ -1,0 +1,97 @@
+"""Parameters of the fault-bin rules (windows, escalation limits, counter rates), each with its default's reason."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DAY_S = 86_400.0
+
+
+class FaultBinConfig(BaseModel):
+    """Every knob of streams.fault_bins; a StreamsSettings field `fault_bins: FaultBinConfig` exposes it as one
+    JSON variable (FLEETPULSE_FAULT_BINS='{"repeat_n": 2}'), and the stage uses these defaults until then."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Storm dedup: one FaultEvent per (GPU, code, bin) per window. The first occurrence goes out at once (the drain
+    # path waits on it); later ones fold into a summary when the window closes. 5 min covers the bursts seen in
+    # practice (an Xid 13/31 storm of a crashing job, Xid 74/119 bursts) and matches a 5-min health-check cadence.
+    dedup_window_s: float = Field(default=300.0, gt=0, le=DAY_S)
+    # History: the same fatal fault (first bin reset or reboot) N times on one GPU within the window -> replace.
+    repeat_n: int = Field(default=3, ge=2, le=100)
+    repeat_window_s: float = Field(default=DAY_S, gt=0)
+    # Xid 48 / a new DBE: the reset that follows remaps the row, so a second DBE on the same GPU within the window
+    # means remapping does not contain it (the catalog's WORKFLOW_XID_48 ends in the RMA flow).
+    repeat_n_by_code: dict[str, int] = Field(default_factory=lambda: {"xid:48": 2, "ecc_dbe": 2})
+    # Lines of one incident (a burst of the same Xid within a minute) count as one repeat, not N.
+    incident_gap_s: float = Field(default=60.0, ge=0)
+    # A GPU that has a fatal fault again after K reboots that each followed a fatal fault -> replace. 2 lets a
+    # reboot fix a transient once and a second time (Meta flags lemon nodes after 2-3 failures).
+    reboots_k: int = Field(default=2, ge=1, le=100)
+    reboots_window_s: float = Field(default=7 * DAY_S, gt=0)
+    # A GPU missing from its host's sample is lost only after this many consecutive samples: one NVML read that
+    # failed for one GPU on one sample is a blip, not a GPU off the bus (Xid 79 itself is binned at once).
+    lost_after_samples: int = Field(default=2, ge=1, le=100)
+    # Counter rates: more than rate x window within one window. DCGM's health watch fails PCIe at 8 replays/min
+    # (dcgm_gpu_hardware_limits.h DCGM_LIMIT_MAX_PCIREPLAY_RATE: "the maximum recommended by RM").
+    pcie_replay_per_min: float = Field(default=8.0, gt=0)
+    pcie_replay_window_s: float = Field(default=60.0, gt=0)
+    # DCGM fails NVLink CRC at 100/s; the sample carries the all-link total and a link erring at a tenth of that
+    # is already worth a look (inspect), well above a healthy link's near-zero background.
+    nvlink_crc_per_s: float = Field(default=10.0, gt=0)
+    nvlink_crc_window_s: float = Field(default=10.0, gt=0)
+    # NVLink recovery (link retrain) errors: DCGM treats any as critical (DCGM_LIMIT_MAX_NVLINK_ERROR 1).
+    nvlink_recovery_max: int = Field(default=0, ge=0, description="recoveries tolerated per window")
+    nvlink_recovery_window_s: float = Field(default=60.0, gt=0)
+    # An XID older than the host's newest applied XID by more than this is a replay; within it, a digest decides.
+    xid_replay_slack_s: float = Field(default=2.0, ge=0, le=3600)
+    xid_digests_max: int = Field(default=256, ge=8, le=10_000)
+    # A host's state is written to its changelog when something a rule reads changed (an Xid, a finding, an error
+    # counter, a missing GPU), else at most this often: energy and SBE counters move on every healthy sample.
+    state_flush_s: float = Field(default=30.0, ge=0, le=3600)
+    # Evidence strings are cut here so per-host state stays small.
+    evidence_chars: int = Field(default=240, ge=32, le=4096)
+    # The stage's take(n, within): the XID -> fault event -> drain request budget is 2 s p95 end to end.
+    batch_within_s: float = Field(default=0.05, gt=0, le=5.0)
+
+    def repeat_limit(self, code: str) -> int:
+        return self.repeat_n_by_code.get(code, self.repeat_n)
+
+
+def rule_table(c: FaultBinConfig) -> list[tuple[str, str, str]]:
+    """(rule, when it fires -> bin, parameters) for every rule a FaultEvent can name: for docs and the CLI."""
+    rate = "more than {} in {:g} s (or that rate over a longer gap between samples)"
+    return [
+        ("catalog", "an XID whose catalog immediate action maps to a bin (schemas.xid_catalog.first_bin)", "-"),
+        ("unknown_code", "an Xid the catalog does not list -> inspect", "-"),
+        ("workflow_45", "Xid 45 -> the bin of the Xid named by 'caused by previous Xid N', else ignore", "-"),
+        ("workflow_48", "Xid 48 (DBE) -> reset", "-"),
+        ("workflow_nvlink", "Xid 74 -> reset; ignore when the line or its collector says non-fatal", "-"),
+        ("workflow_nvlink5", "Xid 144-150 -> reset; ignore for a Nonfatal unit error", "-"),
+        ("workflow_154", "Xid 154 -> the bin of the recovery action written in the line", "-"),
+        ("sxid", "an NVSwitch SXid -> its Fabric Manager bucket, else by the line's severity", "-"),
+        ("counter_dbe", "ecc_dbe: volatile or aggregate DBE count grew -> reset", "-"),
+        ("counter_row_remap", "row_remap_pending turned on -> reset; row_remap_failure turned on -> replace", "-"),
+        ("counter_pcie_replay", "pcie_replay: replays " + rate.format(
+            f"{c.pcie_replay_per_min * c.pcie_replay_window_s / 60:g}", c.pcie_replay_window_s) + " -> inspect",
+         f"pcie_replay_per_min={c.pcie_replay_per_min:g}, pcie_replay_window_s={c.pcie_replay_window_s:g}"),
+        ("counter_nvlink_crc", "nvlink_crc: CRC errors " + rate.format(
+            f"{c.nvlink_crc_per_s * c.nvlink_crc_window_s:g}", c.nvlink_crc_window_s) + " -> inspect",
+         f"nvlink_crc_per_s={c.nvlink_crc_per_s:g}, nvlink_crc_window_s={c.nvlink_crc_window_s:g}"),
+        ("counter_nvlink_recovery", "nvlink_recovery: recovery errors " + rate.format(
+            c.nvlink_recovery_max, c.nvlink_recovery_window_s) + " -> reset",
+         f"nvlink_recovery_max={c.nvlink_recovery_max}, nvlink_recovery_window_s={c.nvlink_recovery_window_s:g}"),
+        ("gpu_lost", "a GPU seen before is missing from consecutive host samples -> reboot",
+         f"lost_after_samples={c.lost_after_samples}"),
+        ("escalation_repeat", "the same reset/reboot fault on one GPU N times in the window -> replace",
+         (f"repeat_n={c.repeat_n}, repeat_n_by_code={c.repeat_n_by_code}, repeat_window_s={c.repeat_window_s:g}, "
+          f"incident_gap_s={c.incident_gap_s:g}")),
+        ("escalation_reboots", "a reset/reboot fault on a GPU after K reboots that each followed one -> replace",
+         f"reboots_k={c.reboots_k}, reboots_window_s={c.reboots_window_s:g}"),
+    ]
+
+
+def fault_config(settings: object | None) -> FaultBinConfig:
+    """The settings' `fault_bins` block where StreamsSettings has one, else the defaults above."""
+    value = getattr(settings, "fault_bins", None)
+    return value if isinstance(value, FaultBinConfig) else FaultBinConfig()

@@ -1,0 +1,176 @@
+"""Per-host fault-bin state (GPU memory, storm-dedup windows) as small JSON, and the FaultEvents its windows emit."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from agents.kernel_log.lines import normalize_pci
+from schemas.analytics import FaultEvent
+from streams.fault_settings import FaultBinConfig
+
+VERSION = 1
+
+
+@dataclass
+class Finding:
+    """One occurrence of a fault on one GPU (key '3', 'pci:...', 'nvswitch:...' or 'host') as a rule saw it."""
+
+    gpu: str
+    code: str
+    bin: str
+    rule: str
+    action: str | None
+    count: int
+    reasons: list[str]
+    evidence: dict[str, str]
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+
+
+@dataclass
+class Window:
+    """An open dedup window of one (GPU, code, bin): its occurrences since first_ts, and how many went out."""
+
+    fault_id: str
+    finding: Finding
+    first_ts: float
+    last_ts: float
+    count: int
+    emitted: int
+
+    def to_json(self) -> list:
+        f = self.finding
+        return [self.fault_id, f.gpu, f.code, f.bin, f.rule, f.action, f.gpu_index, f.gpu_uuid, f.reasons,
+                f.evidence, self.first_ts, self.last_ts, self.count, self.emitted]
+
+    @classmethod
+    def from_json(cls, raw: list) -> Window:
+        fid, gpu, code, bin_, rule, action, index, uuid, reasons, evidence, first, last, count, emitted = raw
+        return cls(fid, Finding(gpu, code, bin_, rule, action, count, reasons, evidence, index, uuid),
+                   first, last, count, emitted)
+
+
+@dataclass
+class GpuMemo:
+    """What the rules remember of one GPU: its last reading, rate-window starts, lost state and fault history."""
+
+    uuid: str | None = None
+    pci: str | None = None
+    ts: float = 0.0  # time of the last reading (0: never in a sample, e.g. known only from an Xid)
+    last: list = field(default_factory=list)  # fault_counters.FIELDS values at ts
+    miss: int = 0  # consecutive host samples without this GPU
+    missing_since: float | None = None
+    lost: bool = False
+    refs: dict[str, list[float]] = field(default_factory=dict)  # rate rule code -> [window start ts, count then]
+    hist: dict[str, list[float]] = field(default_factory=dict)  # fault code -> incident times in the repeat window
+    reboots: list[list] = field(default_factory=list)  # [ts, how it was seen] of reboots that followed a fatal fault
+    fatal: bool = False  # a reset/reboot-bin fault since the last reboot
+
+    def rebooted(self, ts: float, how: str, config: FaultBinConfig) -> None:
+        """A reboot (or reset) of this GPU was seen; it counts toward escalation only if a fatal fault preceded it."""
+        if self.fatal:
+            self.reboots = [r for r in self.reboots if ts - r[0] < config.reboots_window_s][-2 * config.reboots_k:]
+            self.reboots.append([ts, how])
+            self.fatal = False
+
+    def to_json(self) -> dict:
+        return {"u": self.uuid, "p": self.pci, "t": self.ts, "l": self.last, "m": self.miss, "ms": self.missing_since,
+                "lo": self.lost, "r": self.refs, "h": self.hist, "b": self.reboots, "f": self.fatal}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> GpuMemo:
+        return cls(raw["u"], raw["p"], raw["t"], list(raw["l"]), raw["m"], raw["ms"], raw["lo"],
+                   {k: list(v) for k, v in raw["r"].items()}, {k: list(v) for k, v in raw["h"].items()},
+                   [list(r) for r in raw["b"]], raw["f"])
+
+
+@dataclass
+class HostState:
+    """One host's fault-bin state (the table value, keyed by host); `clock` is the newest event time applied."""
+
+    rack: str = ""
+    clock: float = 0.0
+    swm: float = 0.0  # newest sample time applied: a sample at or before it is a replay
+    xwm: float = 0.0  # newest XID time applied
+    digests: dict[str, float] = field(default_factory=dict)  # XIDs applied within the replay slack of xwm
+    driver: str | None = None
+    gpus: dict[str, GpuMemo] = field(default_factory=dict)
+    open: dict[str, Window] = field(default_factory=dict)
+    written: float = 0.0  # clock when this state was last handed out to be written
+    dirty: bool = field(default=False, compare=False)  # changed in a way a rule reads (not serialised)
+
+    def memo(self, gpu: str) -> GpuMemo:
+        return self.gpus.setdefault(gpu, GpuMemo())
+
+    def to_json(self) -> dict:
+        return {"v": VERSION, "rack": self.rack, "clock": self.clock, "swm": self.swm, "xwm": self.xwm,
+                "dig": self.digests, "drv": self.driver, "gpus": {k: m.to_json() for k, m in self.gpus.items()},
+                "open": {k: w.to_json() for k, w in self.open.items()}, "wr": self.written}
+
+    @classmethod
+    def from_json(cls, raw: dict | None) -> HostState:
+        if not raw or raw.get("v") != VERSION:  # none yet, or written by an older layout: start afresh
+            return cls()
+        return cls(raw["rack"], raw["clock"], raw["swm"], raw["xwm"], dict(raw["dig"]), raw["drv"],
+                   {k: GpuMemo.from_json(m) for k, m in raw["gpus"].items()},
+                   {k: Window.from_json(w) for k, w in raw["open"].items()}, raw["wr"])
+
+    def copy(self) -> HostState:
+        return HostState.from_json(self.to_json())
+
+
+@lru_cache(maxsize=4096)  # a fleet has few distinct PCI ids; every sample repeats them
+def norm_pci(text: str | None) -> str | None:
+    """One form for PCI ids from NVML, DCGM and the kernel log ('0000:2b:00.0'); text that is none kept lowercased."""
+    if not text:
+        return None
+    try:
+        return normalize_pci(text)
+    except (ValueError, IndexError):
+        return text.lower()
+
+
+def fault_id(host: str, gpu: str, code: str, bin_: str, first_ts: float) -> str:
+    """Stable across replays and restarts: host, GPU, code, bin and the window's start (event time)."""
+    return hashlib.sha256(f"{host}|{gpu}|{code}|{bin_}|{first_ts:.6f}".encode()).hexdigest()[:20]
+
+
+def to_event(host: str, rack: str, w: Window, ts: float, emission: str, config: FaultBinConfig) -> FaultEvent:
+    f = w.finding
+    evidence = {**f.evidence, "emission": emission, "dedup_window_s": f"{config.dedup_window_s:g}",
+                "dedup_window_end": f"{w.first_ts + config.dedup_window_s:.3f}"}
+    reasons = list(f.reasons)
+    if emission == "summary":
+        reasons.append(f"{w.count} occurrences of {f.code} on {host} GPU {f.gpu} between {w.first_ts:.3f} and "
+                       f"{w.last_ts:.3f}, folded into this event (one per {config.dedup_window_s:g} s window)")
+    return FaultEvent(fault_id=w.fault_id, ts=ts, host=host, rack=rack, gpu_index=f.gpu_index, gpu_uuid=f.gpu_uuid,
+                      code=f.code, bin=f.bin, catalog_action=f.action, rule=f.rule, count=w.count,
+                      first_ts=w.first_ts, last_ts=w.last_ts, reasons=reasons, evidence=evidence)
+
+
+def record(st: HostState, host: str, f: Finding, ts: float, config: FaultBinConfig) -> FaultEvent | None:
+    """Fold one finding into its window; a finding that opens a window is emitted at once (latency matters)."""
+    key = f"{f.gpu}|{f.code}|{f.bin}"
+    w = st.open.get(key)
+    if w is not None:
+        w.count += f.count
+        w.last_ts = max(w.last_ts, ts)
+        return None
+    w = Window(fault_id(host, f.gpu, f.code, f.bin, ts), f, ts, ts, f.count, f.count)
+    st.open[key] = w
+    return to_event(host, st.rack, w, ts, "first", config)
+
+
+def close_due(st: HostState, host: str, until: float, config: FaultBinConfig) -> list[FaultEvent]:
+    """Close the windows that ended by `until`; one with occurrences folded since its last event emits a summary."""
+    out = []
+    for key, w in list(st.open.items()):
+        end = w.first_ts + config.dedup_window_s
+        if end <= until:
+            del st.open[key]
+            if w.count > w.emitted:
+                w.emitted = w.count
+                out.append(to_event(host, st.rack, w, end, "summary", config))
+    return out

@@ -1,0 +1,338 @@
+"""Health score per GPU and per node: hard gates and weighted penalties, always with the reasons behind them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.analytics import HealthScore, Penalty
+
+HARD_BITS = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake (REFERENCE.md 4)
+SW_POWER_CAP = 0x4
+GATING_BINS = ("reset", "reboot", "inspect", "replace")
+RECOVERY = {1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset", 5: "recover_imex_domain",
+            6: "bus_reset", 7: "system_reboot"}  # nvmlDeviceGpuRecoveryAction_t (REFERENCE.md 2a)
+# Reading fields, in matrix column order; bools become 0/1, None NaN.
+FIELDS = ("gpu_temp_c", "slowdown_temp_c", "hbm_temp_c", "hbm_max_op_temp_c", "throttle_reasons", "ecc_sbe_volatile",
+          "ecc_sbe_aggregate", "ecc_dbe_volatile", "ecc_dbe_aggregate", "pcie_replay_count", "nvlink_crc_errors",
+          "nvlink_replay_errors", "nvlink_recovery_errors", "row_remap_pending", "row_remap_failure",
+          "retired_pages_pending", "recovery_action")
+F = {n: i for i, n in enumerate(FIELDS)}
+# Per-GPU state vector: last reading time, latest temperatures and limits, throttle shares (EWMA), counters and
+# their rates (EWMA, per second), when a new double-bit error was last seen, latest gate flags.
+COLS = ("ts", "temp", "slow", "hbm", "hbm_max", "hard", "cap", "sbe", "sbe_r", "pcie", "pcie_r", "nvl", "nvl_r",
+        "dbe", "dbe_a", "dbe_at", "pending", "failure", "pages", "action")
+C = {n: i for i, n in enumerate(COLS)}
+NAMES = ("thermal_headroom", "throttle_share", "ecc_sbe_rate", "pcie_replay_rate", "nvlink_error_rate",
+         "straggler_slowdown", "fault_history")
+WEIGHTS = dict(zip(NAMES, (25.0, 20.0, 10.0, 10.0, 10.0, 50.0, 20.0)))
+# Where each penalty takes its full weight: C of headroom to the GPU's own slowdown limit (none from 10 C up);
+# share of time throttled; corrected ECC per hour (log scale; GCM's hard limit is 50M volatile); PCIe replays/min
+# (DCGM's health-watch limit, the RM maximum); NVLink errors/s (a tenth of DCGM's 100 CRC/s failure rate);
+# straggler slowdown in %; fault-history points.
+FULL_AT = dict(zip(NAMES, (10.0, 0.5, 10_000.0, 8.0, 10.0, 20.0, 20.0)))
+
+
+class HealthConfig(BaseModel):
+    """Weights and scales [ours, ALGORITHMS.md 4.3]: H = 100 - sum w_i * min(1, p_i), capped when a gate fires."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gate_cap: float = Field(default=20.0, ge=0, le=100, description="score ceiling while any hard gate fires")
+    emit_delta: float = Field(default=2.0, ge=0, description="a score is news when it moved this much")
+    heartbeat_s: float = Field(default=60.0, gt=0, description="every node's score at least this often")
+    max_gap_s: float = Field(default=120.0, gt=0, description="longest reading gap an EWMA step spans")
+    weights: dict[str, float] = Field(default_factory=lambda: dict(WEIGHTS))
+    full_at: dict[str, float] = Field(default_factory=lambda: dict(FULL_AT))
+    hbm_margin_c: float = 5.0  # thermal headroom against the HBM max operating temperature, full at it
+    throttle_tau_s: float = 300.0  # the EWMA "window" of throttle time
+    power_cap_factor: float = 0.5  # SW power cap is policy as often as trouble: it counts half
+    rate_tau_s: float = 300.0  # the EWMA window of counter rates
+    nvlink_recovery_factor: float = 100.0  # one link recovery counts as 100 CRC errors
+    straggler_ttl_s: float = 300.0  # a flag not refreshed for this long no longer counts
+    history_window_s: float = 86_400.0
+    history_half_life_s: float = 6 * 3600.0
+    bin_points: dict[str, float] = Field(default_factory=lambda: {
+        "ignore": 0.0, "retry": 2.0, "reset": 8.0, "reboot": 8.0, "inspect": 8.0, "replace": 10.0})
+    software_cap: float = Field(default=10.0, description="retry/ignore faults never cost more (they must not drain)")
+    fault_gate_max_s: float = Field(default=6 * 3600.0, description="a gating fault no repair followed stops gating")
+    faults_kept: int = 64
+    throttle_clock_loss: float = 0.3  # usable compute: share of speed lost while hard-throttled [ours]
+    power_cap_clock_loss: float = 0.1
+
+
+def health_config(settings: object | None) -> HealthConfig:
+    """The settings' `health` block where StreamsSettings has one, else the defaults above."""
+    value = getattr(settings, "health", None)
+    return value if isinstance(value, HealthConfig) else HealthConfig()
+
+
+def _num(v) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _nan_row() -> list:
+    return [math.nan] * len(COLS)
+
+
+@dataclass
+class HostHealth:
+    """Everything the score of one host needs, JSON-able for the changelog."""
+
+    wm: float = 0.0
+    rack: str = ""
+    installed: int = 0
+    present: list[int] = field(default_factory=list)
+    gpus: dict[int, list[float]] = field(default_factory=dict)
+    since: dict[str, float] = field(default_factory=dict)  # gate key -> onset
+    faults: list[list] = field(default_factory=list)  # [fault_id, first_ts, last_ts, gpu (-1 node), code, bin, count]
+    stragglers: dict[int, list] = field(default_factory=dict)  # gpu (-1 node) -> [ts, slowdown_pct, z, job]
+    repaired_at: float = 0.0
+    emitted: dict[str, list] = field(default_factory=dict)  # "node" -> [score, gates, ts]; "<gpu>" -> [score, gates]
+
+    def to_json(self) -> dict:
+        enc = lambda row: [None if math.isnan(x) else x for x in row]  # noqa: E731
+        return {"wm": self.wm, "rack": self.rack, "installed": self.installed, "present": self.present,
+                "gpus": {str(i): enc(r) for i, r in self.gpus.items()}, "since": self.since, "faults": self.faults,
+                "stragglers": {str(i): v for i, v in self.stragglers.items()}, "repaired_at": self.repaired_at,
+                "emitted": self.emitted}
+
+    @classmethod
+    def from_json(cls, raw: Mapping | None) -> HostHealth:
+        if not raw:
+            return cls()
+        return cls(raw["wm"], raw["rack"], raw["installed"], list(raw["present"]),
+                   {int(i): [_num(x) for x in r] for i, r in raw["gpus"].items()}, dict(raw["since"]),
+                   [list(f) for f in raw["faults"]], {int(i): list(v) for i, v in raw["stragglers"].items()},
+                   raw["repaired_at"], {k: list(v) for k, v in raw["emitted"].items()})
+
+
+def apply_sample(h: HostHealth, s: dict, cfg: HealthConfig) -> bool:
+    """Fold one host sample into the host's state (vectorised over its GPUs); False if it is a replay or stale."""
+    ts, gpus = float(s["ts"]), s["gpus"]
+    if ts <= h.wm:
+        return False
+    idx = [g["index"] for g in gpus]
+    m = np.array([[g.get(f) for f in FIELDS] for g in gpus], dtype=float).reshape(len(gpus), len(FIELDS))  # None: NaN
+    p = np.array([h.gpus.get(i) or _nan_row() for i in idx], dtype=float).reshape(len(idx), len(COLS))
+    n = p.copy()
+    dt = ts - p[:, C["ts"]]
+    seen = np.isfinite(dt) & (dt > 0)
+    dt_ok = np.where(seen, dt, 1.0)
+
+    def ewma(col: str, x: np.ndarray, tau: float) -> None:
+        w = np.where(seen, 1.0 - np.exp(-np.minimum(dt_ok, cfg.max_gap_s) / tau), 0.0)
+        old = _z(p[:, C[col]])
+        n[:, C[col]] = np.where(np.isfinite(x), old * (1.0 - w) + _z(x) * w, old)
+
+    bits = m[:, F["throttle_reasons"]]
+    known = np.isfinite(bits)
+    b = np.where(known, bits, 0).astype(np.int64)
+    ewma("hard", np.where(known, (b & HARD_BITS) != 0, np.nan), cfg.throttle_tau_s)
+    ewma("cap", np.where(known, ((b & SW_POWER_CAP) != 0) & ((b & HARD_BITS) == 0), np.nan), cfg.throttle_tau_s)
+    sbe = np.where(np.isfinite(m[:, F["ecc_sbe_volatile"]]), m[:, F["ecc_sbe_volatile"]], m[:, F["ecc_sbe_aggregate"]])
+    links = m[:, [F["nvlink_crc_errors"], F["nvlink_replay_errors"], F["nvlink_recovery_errors"]]]
+    links = links * np.array([1.0, 1.0, cfg.nvlink_recovery_factor])
+    nvl = np.where(np.isfinite(links).any(axis=1), np.nansum(links, axis=1), np.nan)  # what the GPU can report
+    for col, cur in (("sbe", sbe), ("pcie", m[:, F["pcie_replay_count"]]), ("nvl", nvl)):
+        delta = cur - p[:, C[col]]
+        delta = np.where(delta < 0, 0.0, delta)  # a counter that went back was reset (driver reload): new baseline
+        ewma(col + "_r", np.where(np.isfinite(delta), delta / dt_ok, np.nan), cfg.rate_tau_s)
+        n[:, C[col]] = np.where(np.isfinite(cur), cur, p[:, C[col]])
+    new_dbe = np.zeros(len(idx), dtype=bool)
+    for col, f in (("dbe", "ecc_dbe_volatile"), ("dbe_a", "ecc_dbe_aggregate")):
+        cur = m[:, F[f]]
+        with np.errstate(invalid="ignore"):
+            new_dbe |= cur > p[:, C[col]]
+        n[:, C[col]] = np.where(np.isfinite(cur), cur, p[:, C[col]])
+    n[:, C["dbe_at"]] = np.where(new_dbe, ts, p[:, C["dbe_at"]])
+    for col, f in (("temp", "gpu_temp_c"), ("slow", "slowdown_temp_c"), ("hbm", "hbm_temp_c"),
+                   ("hbm_max", "hbm_max_op_temp_c"), ("pending", "row_remap_pending"),
+                   ("failure", "row_remap_failure"), ("pages", "retired_pages_pending"), ("action", "recovery_action")):
+        n[:, C[col]] = m[:, F[f]]  # latest reading: an unreadable value is unknown now, not what it was
+    n[:, C["ts"]] = ts
+    for i, row in zip(idx, n.tolist()):
+        h.gpus[i] = row
+    h.present = sorted(idx)
+    h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
+    h.wm, h.rack = ts, s.get("rack", "") or h.rack
+    gates(h, ts, cfg)  # onsets are the first sample showing a condition, however seldom the host is scored
+    return True
+
+
+def apply_fault(h: HostHealth, f: Mapping, cfg: HealthConfig) -> bool:
+    """Record a fault event (a storm summary updates the event it summarises); False for an exact replay."""
+    gpu = -1 if f.get("gpu_index") is None else int(f["gpu_index"])
+    row = [f["fault_id"], float(f["first_ts"]), float(f["last_ts"]), gpu, f["code"], f["bin"], int(f["count"])]
+    for i, old in enumerate(h.faults):
+        if old[0] == row[0]:
+            if old[2:] == row[2:]:
+                return False
+            h.faults[i] = row
+            return True
+    h.faults = sorted([*h.faults, row], key=lambda r: r[2])[-cfg.faults_kept:]
+    return True
+
+
+def apply_straggler(h: HostHealth, r: Mapping) -> bool:
+    """Keep the newest straggler standing per GPU: only flagged ranks carry a penalty."""
+    gpu = -1 if r.get("gpu_index") is None else int(r["gpu_index"])
+    old = h.stragglers.get(gpu)
+    if old is not None and old[0] >= r["ts"]:
+        return False
+    if not r["flagged"]:
+        return h.stragglers.pop(gpu, None) is not None
+    h.stragglers[gpu] = [float(r["ts"]), float(r["slowdown_pct"]), float(r["z"]), str(r.get("job", ""))]
+    return True
+
+
+def apply_remediation(h: HostHealth, r: Mapping) -> bool:
+    """A successful repair or replacement ends the gates of the faults before it; a replaced card resets the count."""
+    if not r["ok"] or r["action"] not in ("repair", "replace") or r["ts"] <= h.repaired_at:
+        return False
+    h.repaired_at = float(r["ts"])
+    h.stragglers.clear()
+    h.since.clear()  # gates that still fire after the repair start a new episode
+    if r["action"] == "replace":
+        h.installed = len(h.present)
+    return True
+
+
+def _history(h: HostHealth, gpu: int, now: float, cfg: HealthConfig) -> float:
+    """Decayed points of this GPU's (or, for -1, the node's own) recent faults; retry/ignore capped apart."""
+    hard = soft = 0.0
+    for _, _, last, g, _, bin_, _ in h.faults:
+        if g == gpu and now - last <= cfg.history_window_s:
+            pts = cfg.bin_points.get(bin_, 0.0) * 0.5 ** (max(0.0, now - last) / cfg.history_half_life_s)
+            if bin_ in GATING_BINS:
+                hard += pts
+            else:
+                soft += pts
+    return hard + min(soft, cfg.software_cap)
+
+
+def _straggler(h: HostHealth, gpu: int, now: float, cfg: HealthConfig) -> float:
+    rec = h.stragglers.get(gpu)
+    return rec[1] if rec is not None and now - rec[0] <= cfg.straggler_ttl_s else 0.0
+
+
+def gates(h: HostHealth, now: float, cfg: HealthConfig) -> dict[str, float]:
+    """Hard gates that fire now ('gpu3/ecc_dbe', 'fault_bin:reboot'), each with its onset; updates h.since."""
+    out: dict[str, float] = {}
+    present = set(h.present)
+    for i in range(h.installed):
+        pre, row = f"gpu{i}/", h.gpus.get(i) or _nan_row()
+        if i not in present:
+            out[pre + "gpu_lost"] = now
+            continue
+        if row[C["dbe_at"]] > h.repaired_at and now - row[C["dbe_at"]] <= cfg.fault_gate_max_s:
+            out[pre + "ecc_dbe"] = row[C["dbe_at"]]
+        for col, name in (("pending", "row_remap_pending"), ("failure", "row_remap_failure"),
+                          ("pages", "retired_pages_pending")):
+            if row[C[col]] == 1:
+                out[pre + name] = now
+        if row[C["action"]] > 0:
+            out[pre + f"recovery_action:{RECOVERY.get(int(row[C['action']]), int(row[C['action']]))}"] = now
+    for _, first, last, g, _, bin_, _ in h.faults:
+        if bin_ in GATING_BINS and last > h.repaired_at and now - last <= cfg.fault_gate_max_s:
+            key = (f"gpu{g}/" if g >= 0 else "") + f"fault_bin:{bin_}"
+            onset = first if first > h.repaired_at else last
+            out[key] = min(out.get(key, onset), onset)
+    h.since = {k: min(h.since.get(k, onset), onset) for k, onset in out.items()}
+    return dict(h.since)
+
+
+def _reason(name: str, v: float, row: list[float]) -> str:
+    if name == "thermal_headroom":
+        return (f"GPU at {row[C['temp']]:g} C, {v:g} C below its {row[C['slow']]:g} C slowdown limit; HBM at "
+                f"{row[C['hbm']]:g} C of {row[C['hbm_max']]:g} C")
+    return {"throttle_share": f"clocks held down {100 * v:.0f}% of recent time (HW/SW thermal, power brake, cap)",
+            "ecc_sbe_rate": f"{v:.0f} corrected ECC errors per hour", "pcie_replay_rate": f"{v:.1f} PCIe replays/min",
+            "nvlink_error_rate": f"{v:.1f} NVLink CRC/replay errors per second (recoveries x100)",
+            "straggler_slowdown": f"flagged straggler, {v:.1f}% slower than its job's median rank",
+            "fault_history": f"{v:.1f} points of recent faults (decayed)"}[name]
+
+
+@dataclass
+class Scores:
+    """One host's scores as numbers; the HealthScore rows are built only for what gets published."""
+
+    host: str
+    ts: float
+    rack: str
+    state: np.ndarray  # per-GPU state vectors
+    values: np.ndarray  # per GPU, the measured value behind each penalty (NAMES order)
+    points: np.ndarray  # per GPU, the points each penalty takes
+    gpu_score: np.ndarray
+    gpu_gates: list[list[str]]
+    node_score: float
+    node_points: list[tuple[str, float, float]]  # node-level (name, value, points)
+    gates: dict[str, float]  # every gate of the node with its onset
+    inputs: dict[str, float]
+
+    def penalties(self, i: int, prefix: str = "") -> list[Penalty]:
+        row = self.state[i].tolist()
+        return [Penalty(name=prefix + n, value=round(float(_z(self.values[i, j])), 3),
+                        points=round(float(self.points[i, j]), 2), reason=_reason(n, float(self.values[i, j]), row))
+                for j, n in enumerate(NAMES) if self.points[i, j] > 0]
+
+    def gpu(self, i: int) -> HealthScore:
+        v = self.values[i]
+        return HealthScore(ts=self.ts, host=self.host, rack=self.rack, gpu_index=i, score=float(self.gpu_score[i]),
+                           schedulable=not self.gpu_gates[i], gates=self.gpu_gates[i], penalties=self.penalties(i),
+                           inputs={n: round(float(v[j]), 3) for j, n in enumerate(NAMES) if np.isfinite(v[j])})
+
+    def node(self) -> HealthScore:
+        worst = int(self.inputs["worst_gpu"])
+        penalties = (self.penalties(worst, f"gpu{worst}.") if worst >= 0 else []) + [
+            Penalty(name=n, value=round(val, 3), points=round(pts, 2), reason=_reason(n, val, _nan_row()))
+            for n, val, pts in self.node_points]
+        return HealthScore(ts=self.ts, host=self.host, rack=self.rack, score=self.node_score,
+                           schedulable=not self.gates, gates=sorted(self.gates), penalties=penalties,
+                           inputs=self.inputs)
+
+
+def _z(x):
+    return np.where(np.isnan(x), 0.0, x)
+
+
+def score(h: HostHealth, host: str, now: float, cfg: HealthConfig) -> Scores:
+    """Score every installed GPU and the node; the node takes its worst GPU, less node-level penalties."""
+    idx = list(range(h.installed))
+    s = np.array([h.gpus.get(i) or _nan_row() for i in idx], dtype=float).reshape(len(idx), len(COLS))
+    col = lambda c: s[:, C[c]]  # noqa: E731
+    v = np.column_stack([col("slow") - col("temp"), col("hard") + cfg.power_cap_factor * col("cap"),
+                         col("sbe_r") * 3600.0, col("pcie_r") * 60.0, col("nvl_r"),
+                         [_straggler(h, i, now, cfg) for i in idx], [_history(h, i, now, cfg) for i in idx]])
+    full = np.array([cfg.full_at[n] for n in NAMES])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = v / full
+        share[:, 0] = np.fmax((full[0] - v[:, 0]) / full[0], (cfg.hbm_margin_c - (col("hbm_max") - col("hbm")))
+                              / cfg.hbm_margin_c)  # headroom: less is worse
+        share[:, 2] = np.log1p(v[:, 2]) / np.log1p(full[2])
+    w = np.array([cfg.weights[n] for n in NAMES])
+    present = np.isin(np.array(idx, dtype=int), h.present)
+    pts = np.where(present[:, None], w * np.clip(_z(share), 0.0, 1.0), 0.0)
+    fired = gates(h, now, cfg)
+    soft = np.clip(100.0 - pts.sum(axis=1), 0.0, 100.0)
+    gpu_gates = [sorted(k.split("/", 1)[1] for k in fired if k.startswith(f"gpu{i}/")) for i in idx]
+    gated = np.array([bool(g) for g in gpu_gates], dtype=bool)
+    gpu_score = np.round(np.where(gated, np.minimum(soft, cfg.gate_cap), soft), 2)
+    node_pts = [(n, val, cfg.weights[n] * min(1.0, val / cfg.full_at[n])) for n, val in (
+        ("straggler_slowdown", _straggler(h, -1, now, cfg)), ("fault_history", _history(h, -1, now, cfg))) if val > 0]
+    worst = int(np.argmin(gpu_score)) if idx else -1
+    node = max(0.0, (float(gpu_score[worst]) if idx else 100.0) - sum(p for _, _, p in node_pts))
+    if fired:
+        node = min(node, cfg.gate_cap)
+    strag_loss = np.where(present & ~gated, v[:, 5] / (100.0 + v[:, 5]), 0.0)
+    thr = _z(col("hard")) * cfg.throttle_clock_loss + _z(col("cap")) * cfg.power_cap_clock_loss
+    inputs = {"installed_gpus": h.installed, "present_gpus": len(h.present), "gated_gpus": int(gated.sum()),
+              "straggler_loss_gpus": round(float(strag_loss.sum()), 4),
+              "throttle_loss_gpus": round(float(np.where(present & ~gated, np.maximum(thr - strag_loss, 0.0),
+                                                         0.0).sum()), 4),
+              "worst_gpu": worst, **{f"gate_since.{k}": t for k, t in fired.items()}}
+    return Scores(host, now, h.rack, s, v, pts, gpu_score, gpu_gates, round(node, 2), node_pts, fired, inputs)

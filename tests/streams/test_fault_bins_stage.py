@@ -1,0 +1,107 @@
+"""The fault-bin faust stage once through agent.test_context(): both topics, dead letters, table partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from faust.types import Message
+
+from fleetpulse.settings import load
+from schemas.analytics import FaultEvent
+from schemas.codec import encode
+from schemas.dead_letter import original
+from streams.app import create_app, metrics_of
+from streams.emit import MemoryEmitter
+from streams.fault_bins_stage import evaluate_isolating
+from streams.fault_settings import FaultBinConfig
+from streams.settings import StreamsSettings
+from tests.streams.test_fault_bins import LINE_13, LINE_79, TS0, host_sample, xid
+
+PREFIX = "unit."
+XID_TOPIC, SAMPLES_TOPIC = PREFIX + "fleet.telemetry.xid", PREFIX + "fleet.telemetry.samples"
+
+
+@pytest.fixture
+def emitter():
+    return MemoryEmitter()
+
+
+@pytest.fixture
+def app(tmp_path, emitter):
+    settings = load(StreamsSettings, kafka_bootstrap_servers="127.0.0.1:9", topic_prefix=PREFIX,
+                    data_dir=tmp_path, stages=["fault_bins"])
+    app = create_app(settings, emitter=emitter)
+    app.finalize()
+    app.flow_control.resume()
+    return app
+
+
+async def put(stage, topic: str, value: bytes, key: bytes, partition: int) -> None:
+    """stage.put names no topic when the agent reads two; build the message as the consumer would."""
+    channel = stage.stream().channel
+    message = Message(topic=topic, partition=partition, offset=stage.sent_offset, timestamp=time.time(),
+                      timestamp_type=0, headers=None, key=key, value=value, checksum=b"",
+                      generation_id=stage.app.consumer_generation_id)
+    stage.sent_offset += 1
+    await channel.put(await channel.decode(message))
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def drain_changelog(app) -> list:
+    out, pending = [], app.producer.buffer.pending
+    while not pending.empty():
+        out.append(pending.get_nowait().message)
+    return out
+
+
+async def test_stage_bins_both_topics_dead_letters_and_keeps_state_on_the_source_partition(app, emitter):
+    metrics = metrics_of(app)["fault_bins"]
+    h1 = [host_sample(TS0 + k, seq=k, absent=(2,) if k >= 2 else ()) for k in range(5)]  # GPU 2 gone from t=2
+    async with app.agents["fault_bins"].test_context() as stage:
+        await put(stage, XID_TOPIC, b"\x00 not json", b"h9", 6)
+        await put(stage, SAMPLES_TOPIC, orjson.dumps({"host": "h9", "ts": 5.0, "gpus": "none"}), b"h9", 6)
+        for k, (_, s) in enumerate(h1):
+            await put(stage, SAMPLES_TOPIC, encode(s), b"h1", 3)
+            if k == 1:
+                await put(stage, XID_TOPIC, encode(xid(LINE_79, TS0 + 1.5)[1]), b"h1", 3)
+        for i in range(50):  # a storm on h2: one event now, the rest folded
+            await put(stage, XID_TOPIC, encode(xid(LINE_13, TS0 + 0.01 * i, host="h2")[1]), b"h2", 5)
+        await until(lambda: metrics.received == 58 and len(emitter.to(PREFIX + "fleet.faults")) >= 3)
+        await asyncio.sleep(0.2)  # nothing more may follow
+
+    faults = [(s.key, FaultEvent.model_validate_json(s.value)) for s in emitter.to(PREFIX + "fleet.faults")]
+    assert sorted((k, f.host, f.gpu_index, f.code, f.bin, f.count) for k, f in faults) == [
+        (b"h1", "h1", 2, "gpu_lost", "reboot", 1), (b"h1", "h1", 2, "xid:79", "reboot", 1),
+        (b"h2", "h2", 0, "xid:13", "retry", 1)]
+    assert (metrics.emitted, metrics.errored, metrics.batches >= 1) == (3, 2, True)
+
+    xid_dead, sample_dead = emitter.to(XID_TOPIC + ".dlq"), emitter.to(SAMPLES_TOPIC + ".dlq")
+    (facts, raw), (facts2, raw2) = original(xid_dead[0].value), original(sample_dead[0].value)
+    assert orjson.loads(raw2)["gpus"] == "none"
+    assert raw == b"\x00 not json" and facts["reason"].startswith("not JSON") and len(xid_dead) == 1
+    assert (facts["source_topic"], facts["partition"], facts["component"]) == (XID_TOPIC, 6, "streams.fault_bins")
+    assert facts2["reason"] == "sample gpus is not a list of readings with an integer index" and len(sample_dead) == 1
+
+    table = app.tables["fault_bins-hosts"]
+    assert table["h2"]["open"] and [w[12] for w in table["h2"]["open"].values()] == [50]  # folded, not lost
+    assert table["h1"]["gpus"]["2"]["lo"] is True
+    changelog = [m for m in drain_changelog(app) if m.channel.get_topic_name().endswith("fault_bins-hosts-changelog")]
+    assert changelog and {(orjson.loads(m.key), m.partition) for m in changelog} == {("h1", 3), ("h2", 5)}
+
+
+def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
+    good = [xid(LINE_79, TS0), xid(LINE_13, TS0 + 1)]
+    bad = ("xid", {"host": "h2", "ts": "soon", "code": 79})  # got past a lean check: ordering it raises
+    items = [("e1", good[0]), ("e-bad", bad), ("e2", good[1])]
+    result, failed = evaluate_isolating(items, {"h1": None, "h2": None}, FaultBinConfig())
+    assert [(event, reason.split(":")[0]) for event, reason in failed] == [("e-bad", "fault_bins rules failed")]
+    assert [f.code for f in result.faults] == ["xid:79", "xid:13"] and set(result.state) == {"h1"}

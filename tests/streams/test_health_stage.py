@@ -1,0 +1,108 @@
+"""The health faust stages once through agent.test_context(): rows on change, dead letters, straggler re-keying."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+
+from fleetpulse.settings import load
+from schemas.analytics import FaultEvent, HealthScore, StragglerScore
+from schemas.codec import encode
+from schemas.dead_letter import original
+from streams.app import create_app, metrics_of
+from streams.emit import MemoryEmitter
+from streams.settings import StreamsSettings
+from tests.streams.helpers import gpu, sample
+
+PREFIX = "unit."
+T0 = 50_000.0
+
+
+@pytest.fixture
+def emitter():
+    return MemoryEmitter()
+
+
+@pytest.fixture
+def app(tmp_path, emitter):
+    settings = load(StreamsSettings, kafka_bootstrap_servers="127.0.0.1:9", topic_prefix=PREFIX, data_dir=tmp_path,
+                    streams_batch_within_s=0.05)
+    app = create_app(settings, stages=["health"], emitter=emitter)
+    app.finalize()
+    app.flow_control.resume()
+    return app
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def changelog(app, table: str) -> list:
+    out, pending = [], app.producer.buffer.pending
+    while not pending.empty():
+        m = pending.get_nowait().message
+        if m.channel.get_topic_name().endswith(f"{table}-changelog"):
+            out.append(m)
+    return out
+
+
+async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter):
+    m = metrics_of(app)["health"]
+    fault = FaultEvent(fault_id="h1/3/xid:79", ts=T0 + 25, host="h1", gpu_index=3, code="xid:79", bin="reboot",
+                       rule="catalog", first_ts=T0 + 25, last_ts=T0 + 25, evidence={"line": "fallen off the bus"})
+    h1 = [encode(sample("h1", T0 + 10 * k, [gpu(i) for i in range(8)], seq=k)) for k in range(6)]
+    h2 = [encode(sample("h2", T0 + 10 * k + 1, [gpu(i) for i in range(4)], seq=k)) for k in range(6)]
+    async with app.agents["health"].test_context() as stage:
+        async def batch(*records: tuple[bytes, bytes, int]) -> None:  # one take() batch each
+            for value, key, partition in records:
+                await stage.put(value, key=key, partition=partition)
+            done = m.received + len(records)
+            await until(lambda: m.received == done and m.batches == batch.n + 1)
+            batch.n += 1
+
+        batch.n = 0
+        await batch((h1[0], b"h1", 3), (h2[0], b"h2", 5))
+        await batch((h1[1], b"h1", 3), (h2[1], b"h2", 5), (h1[2], b"h1", 3), (h2[2], b"h2", 5))
+        await batch((encode(fault), b"h1", 3))  # between samples: scored at its own time
+        await batch(*[(h1[k], b"h1", 3) for k in range(3, 6)], *[(h2[k], b"h2", 5) for k in range(3, 6)],
+                    (b"{broken", b"h9", 6))
+        assert m.errored == 1
+
+    rows = [HealthScore.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.health.scores")]
+    nodes = [(r.host, r.ts - T0, r.score, r.gates) for r in rows if r.gpu_index is None]
+    assert nodes == [("h1", 0, 100.0, []), ("h2", 1, 100.0, []),
+                     ("h1", 25, 20.0, ["gpu3/fault_bin:reboot"])]  # quiet otherwise: no change, no heartbeat yet
+    assert sum(r.gpu_index is not None for r in rows) == 8 + 4 + 1  # every GPU once, then GPU 3 when gated
+    assert {s.key for s in emitter.to(PREFIX + "fleet.health.scores")} == {b"h1", b"h2"}
+    assert m.emitted == len(rows) == 16
+    [dead] = emitter.to(PREFIX + "fleet.stragglers.dlq")  # a test channel has no topic name: kind by shape
+    facts, raw = original(dead.value)
+    assert raw == b"{broken" and facts["reason"].startswith("not JSON") and facts["component"] == "streams.health"
+    # State recovers where the host's records live: changelog partition = source partition, written on news.
+    table = app.tables["health-hosts"]
+    assert table["h1"]["faults"][0][0] == "h1/3/xid:79" and table["h2"]["installed"] == 4
+    assert {(orjson.loads(c.key), c.partition) for c in changelog(app, "health-hosts")} == {("h1", 3), ("h2", 5)}
+
+
+async def test_stragglers_are_rekeyed_by_host_only_when_flagged_or_recently_flagged(app, emitter):
+    def score(rank: int, flagged: bool, windows_flagged: int) -> bytes:
+        return encode(StragglerScore(ts=T0, job="j1", rank=rank, host=f"h{rank}", gpu_index=rank % 8,
+                                     window_start=T0 - 60, window_end=T0, value=110.0, median=100.0, mad=1.0, z=7.0,
+                                     slowdown_pct=10.0, flagged=flagged, windows_flagged=windows_flagged,
+                                     windows_seen=5))
+
+    async with app.agents["health.stragglers"].test_context() as stage:
+        await stage.put(score(1, True, 3), key=b"j1", partition=1)
+        await stage.put(score(2, False, 0), key=b"j1", partition=1)  # never flagged: nothing to tell
+        await stage.put(score(3, False, 1), key=b"j1", partition=1)  # a flag that may just have cleared
+        await stage.put(b"[]", key=b"j1", partition=1)
+        await until(lambda: len(emitter.sent) >= 3)
+    forwarded = [s for s in emitter.sent if s.topic.endswith("health-stragglers_by_host")]
+    assert [(s.key, orjson.loads(s.value)["flagged"]) for s in forwarded] == [(b"h1", True), (b"h3", False)]
+    assert len(emitter.to(PREFIX + "fleet.stragglers.dlq")) == 1

@@ -1,0 +1,285 @@
+"""Lifecycle state machine: every transition, hysteresis, dwell, software faults, validation, escalation, flapping."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas.analytics import DrainEvent
+from streams import health
+from streams.health_stage import news
+from streams.breaker import Breaker, BreakerConfig, decide
+from streams.lifecycle import LifecycleConfig, Node, on_decision, on_fault, on_health, on_result
+from tests.streams.helpers import gpu, sample
+
+CFG = LifecycleConfig()
+T0 = 100_000.0
+
+
+class Fleet:
+    """Pure lifecycle nodes wired to the pure breaker the way the two stages wire them through Kafka."""
+
+    def __init__(self, known: int = 100, cfg: LifecycleConfig = CFG, bcfg: BreakerConfig = BreakerConfig()):
+        self.cfg, self.bcfg, self.known = cfg, bcfg, known
+        self.nodes: dict[str, Node] = {}
+        self.breaker, self.decided = Breaker(), {}
+        self.states, self.requests, self.alerts, self.reports, self.decisions = [], [], [], [], []
+        self.busbw = (0.0, 0)
+
+    def node(self, host: str) -> Node:
+        return self.nodes.setdefault(host, Node())
+
+    def apply(self, host: str, out) -> None:
+        self.states += out.states
+        self.requests += out.requests
+        self.reports += out.reports
+        for p in out.proposals:
+            v = decide(self.breaker, p, self.decided.get(host), self.known, self.bcfg)
+            if self.busbw[1]:
+                v.decision.update(busbw_median_gbs=self.busbw[0], busbw_n=self.busbw[1])
+            self.decided[host] = v.decided
+            self.decisions.append(v.decision)
+            self.alerts += [v.alert] if v.alert else []
+            self.apply(host, on_decision(self.node(host), host, v.decision, self.cfg))
+
+    def health(self, host: str, ts: float, score: float, gates: dict[str, float] | None = None, **inputs) -> None:
+        gates = gates or {}
+        row = {"host": host, "ts": ts, "score": score, "gates": sorted(gates), "penalties": [],
+               "inputs": {"installed_gpus": 8, "present_gpus": 8, **inputs,
+                          **{f"gate_since.{g}": t for g, t in gates.items()}}}
+        self.apply(host, on_health(self.node(host), host, row, self.cfg))
+
+    def fault(self, host: str, ts: float, bin_: str, code: str = "xid:79", fid: str | None = None) -> None:
+        f = {"fault_id": fid or f"{host}/{code}/{ts}", "host": host, "gpu_index": 3, "code": code, "bin": bin_,
+             "rule": "catalog", "count": 1, "first_ts": ts, "last_ts": ts, "ts": ts, "evidence": {"line": "Xid"}}
+        self.apply(host, on_fault(self.node(host), host, f, self.cfg))
+
+    def result(self, host: str, ts: float, action: str, ok: bool = True, event_id: str | None = None, **measured):
+        if event_id is None:
+            event_id = [r for r in self.requests if r.host == host and r.action == action][-1].event_id
+        r = {"event_id": event_id, "host": host, "action": action, "ok": ok, "ts": ts, "detail": "",
+             "measurements": measured}
+        self.apply(host, on_result(self.node(host), host, r, self.cfg))
+
+    def path(self, host: str) -> list[str]:
+        return [s.state for s in self.states if s.host == host and s.state != s.prev_state]
+
+    def actions(self, host: str) -> list[str]:
+        return [r.action for r in self.requests if r.host == host]
+
+
+def low_for(f: Fleet, host: str, t0: float, seconds: float, score: float = 50.0, step: float = 60.0) -> float:
+    t = t0
+    while t <= t0 + seconds:
+        f.health(host, t, score)
+        t += step
+    return t - step
+
+
+def test_suspect_only_after_the_score_stays_low_for_the_enter_dwell():
+    f = Fleet()
+    f.health("h1", T0, 100.0)
+    f.health("h1", T0 + 60, 50.0)
+    f.health("h1", T0 + 120, 50.0)
+    f.health("h1", T0 + 150, 61.0)  # just above the threshold: the low stretch is broken
+    f.health("h1", T0 + 200, 50.0)
+    f.health("h1", T0 + 300, 50.0)
+    assert f.path("h1") == []
+    f.health("h1", T0 + 320, 50.0)
+    [st] = f.states
+    assert (st.state, st.prev_state, st.since, st.schedulable) == ("suspect", "healthy", T0 + 320, True)
+    assert "below 60 for 120s" in st.reason
+
+
+def test_suspect_recovers_only_above_the_exit_threshold_after_exit_and_minimum_dwell():
+    f = Fleet()
+    end = low_for(f, "h1", T0, 120)
+    assert f.path("h1") == ["suspect"]
+    for k in range(1, 20):  # 74 is above the enter threshold but not above the exit one: still suspect
+        f.health("h1", end + 60 * k, 74.0)
+    assert f.path("h1") == ["suspect"] and f.node("h1").below_s == 60  # only the first low minute counted
+    t = end + 60 * 20
+    for k in range(6):  # over 75 for 300 s: now also past the 600 s minimum dwell
+        f.health("h1", t + 60 * k, 90.0)
+    assert f.path("h1") == ["suspect", "healthy"]
+
+
+def test_minimum_dwell_holds_a_soft_move_after_a_transition():
+    f = Fleet()
+    low_for(f, "h1", T0, 120)
+    for k in range(1, 10):  # above 75 for 300 s from T0+180 on, but less than 600 s into suspect
+        f.health("h1", T0 + 120 + 60 * k, 95.0)
+    assert f.path("h1") == ["suspect"]
+    f.health("h1", T0 + 120 + 600, 95.0)
+    assert f.path("h1") == ["suspect", "healthy"] and f.states[-1].since == T0 + 720
+
+
+def test_suspect_below_the_threshold_long_enough_is_drained_after_jobs():
+    f = Fleet()
+    end = low_for(f, "h1", T0, 120)
+    low_for(f, "h1", end + 60, 600)
+    assert f.path("h1") == ["suspect", "drain_requested"]
+    [drain] = [r for r in f.requests if r.action == "drain"]
+    assert (drain.evidence["mode"], drain.evidence["repair"]) == ("after_jobs", "inspect")
+    assert drain.event_id == "h1:1:p1:drain" and "while suspect" in drain.reason
+
+
+def test_a_hard_gate_drains_at_once_without_dwell_and_old_gates_do_not():
+    f = Fleet()
+    f.health("h1", T0, 100.0)
+    f.health("h1", T0 + 5, 20.0, {"gpu2/ecc_dbe": T0 + 5})
+    assert f.path("h1") == ["drain_requested"] and f.states[0].since == T0 + 5
+    assert f.requests[0].evidence["gates"] == "gpu2/ecc_dbe" and f.requests[0].evidence["repair"] == "reset"
+    g = Fleet()
+    g.node("h1").returned_at = T0
+    g.health("h1", T0 + 10, 20.0, {"gpu2/row_remap_pending": T0 - 50})  # seen before the last validated return
+    assert g.path("h1") == [] and g.requests == []
+
+
+@pytest.mark.parametrize("code", ["xid:13", "xid:31", "xid:43", "xid:45"])
+@pytest.mark.parametrize("bin_", ["retry", "ignore"])
+def test_software_only_faults_never_drain(code, bin_):
+    f = Fleet()
+    f.health("h1", T0, 100.0)
+    for k in range(50):
+        f.fault("h1", T0 + k, bin_, code=code)
+    assert f.states == [] and f.requests == [] and f.decisions == []
+
+
+@pytest.mark.parametrize("bin_, repair", [("reset", "reset"), ("reboot", "reboot"), ("inspect", "inspect")])
+def test_fault_bins_drain_then_repair_validate_and_return(bin_, repair):
+    f = Fleet()
+    f.health("h1", T0, 100.0)
+    f.fault("h1", T0 + 1, bin_)
+    f.fault("h1", T0 + 1, bin_)  # the same fault again (a replay): one proposal
+    assert f.path("h1") == ["drain_requested"] and len(f.decisions) == 1
+    f.result("h1", T0 + 60, "drain")
+    assert f.path("h1")[1:] == ["drained", "repairing"] and f.actions("h1") == ["drain", "repair"]
+    assert f.requests[-1].evidence["fault.line"] == "Xid" and repair in f.requests[-1].reason
+    f.result("h1", T0 + 600, "repair")
+    validate = f.requests[-1]
+    assert f.path("h1")[-1] == "validating" and validate.action == "validate"
+    assert validate.requirements == {"dcgm_diag_level": CFG.dcgm_level[repair]}  # no fleet median yet
+    f.result("h1", T0 + 900, "validate", dcgm_diag_level=4, nccl_busbw_gbs=410.0)
+    assert f.path("h1")[-1] == "healthy" and f.actions("h1")[-1] == "undrain"
+    assert f.reports == [{"kind": "busbw", "host": "h1", "ts": T0 + 900, "gbs": 410.0}]
+    n = f.node("h1")
+    assert (n.returned_at, n.cause, n.request, n.episode) == (T0 + 900, None, None, 1)
+    f.health("h1", T0 + 910, 20.0, {"gpu3/fault_bin:" + bin_: T0 + 1})  # the health gate of the fault just fixed
+    assert f.path("h1")[-1] == "healthy"
+
+
+def test_replace_bin_takes_the_replace_path_and_validates_the_new_card_hardest():
+    f = Fleet()
+    f.fault("h1", T0, "replace", code="row_remap_failure")
+    f.result("h1", T0 + 30, "drain")
+    assert f.path("h1") == ["drain_requested", "drained", "replace"] and f.actions("h1") == ["drain", "replace"]
+    f.result("h1", T0 + 86_400, "replace")
+    assert f.path("h1")[-1] == "validating" and f.requests[-1].requirements["dcgm_diag_level"] == 4
+
+
+def test_validation_checks_bandwidth_against_the_fleet_median_and_escalates_after_r_failures():
+    f = Fleet()
+    f.busbw = (400.0, 12)  # the breaker's median of passed validations, carried on the drain decision
+    f.fault("h1", T0, "reset")
+    f.result("h1", T0 + 10, "drain")
+    f.result("h1", T0 + 20, "repair")
+    assert f.requests[-1].requirements == {"dcgm_diag_level": 3, "nccl_busbw_min_gbs": 360.0}
+    f.result("h1", T0 + 30, "validate", dcgm_diag_level=3, nccl_busbw_gbs=350.0)
+    assert f.path("h1")[-2:] == ["validating", "repairing"] and f.actions("h1")[-1] == "repair"
+    assert "nccl_busbw_gbs 350.0 below required 360" in f.states[-1].reason
+    f.result("h1", T0 + 40, "repair")
+    f.result("h1", T0 + 50, "validate", ok=False, dcgm_diag_level=3)
+    assert f.path("h1")[-1] == "replace" and f.actions("h1")[-1] == "replace"
+    assert len({r.event_id for r in f.requests}) == len(f.requests)  # every request has its own id
+    f.result("h1", T0 + 60, "replace")
+    f.result("h1", T0 + 70, "validate", dcgm_diag_level=4, nccl_busbw_gbs=390.0)
+    assert f.path("h1")[-1] == "healthy" and f.node("h1").validation_failures == 0
+
+
+def test_missing_dcgm_level_fails_validation():
+    f = Fleet()
+    f.fault("h1", T0, "reboot")
+    f.result("h1", T0 + 10, "drain")
+    f.result("h1", T0 + 20, "repair")
+    f.result("h1", T0 + 30, "validate")
+    assert f.path("h1")[-1] == "repairing" and "dcgm_diag_level missing" in f.states[-1].reason
+
+
+def test_repeated_repair_failures_escalate_to_replace():
+    f = Fleet()
+    f.fault("h1", T0, "reset")
+    f.result("h1", T0 + 10, "drain")
+    f.result("h1", T0 + 20, "repair", ok=False)
+    assert f.path("h1")[-1] == "repairing"
+    f.health("h1", T0 + 20 + CFG.retry_s, 20.0)  # the next input after retry_s re-sends the repair
+    assert f.actions("h1")[-2:] == ["repair", "repair"] and f.requests[-1].evidence["attempt"] == "2"
+    f.result("h1", T0 + 200, "repair", ok=False)
+    assert f.path("h1")[-1] == "replace" and f.actions("h1")[-1] == "replace"
+
+
+def test_stale_or_unexpected_results_are_ignored():
+    f = Fleet()
+    f.fault("h1", T0, "reboot")
+    f.result("h1", T0 + 5, "repair", event_id="h1:1:repair:9")  # not what drain_requested waits for
+    f.result("h1", T0 + 6, "drain", event_id="h1:0:drain:1")  # an older episode
+    assert f.path("h1") == ["drain_requested"]
+
+
+def test_an_unanswered_request_is_sent_again_after_the_timeout():
+    f = Fleet()
+    f.fault("h1", T0, "reboot")
+    f.health("h1", T0 + CFG.request_timeout_s["drain"] - 1, 20.0)
+    assert f.actions("h1") == ["drain"]
+    f.health("h1", T0 + CFG.request_timeout_s["drain"], 20.0)
+    assert f.actions("h1") == ["drain", "drain"] and f.requests[-1].event_id == "h1:1:drain:1"
+    assert f.requests[-1].evidence["resend_of"] == "h1:1:p1:drain"
+    f.result("h1", T0 + CFG.request_timeout_s["drain"] + 5, "drain")  # the answer to the re-sent request counts
+    assert f.path("h1")[-1] == "repairing"
+
+
+def test_a_hard_fault_during_validation_fails_it():
+    f = Fleet()
+    f.fault("h1", T0, "reboot")
+    f.result("h1", T0 + 10, "drain")
+    f.result("h1", T0 + 20, "repair")
+    f.fault("h1", T0 + 25, "reset", code="xid:48")
+    assert f.path("h1")[-2:] == ["validating", "repairing"] and "fault during validation" in f.states[-1].reason
+
+
+def test_a_replace_fault_while_repairing_switches_to_the_replace_path():
+    f = Fleet()
+    f.fault("h1", T0, "reboot")
+    f.result("h1", T0 + 10, "drain")
+    f.fault("h1", T0 + 15, "replace", code="xid:48")
+    assert f.path("h1")[-1] == "replace" and f.actions("h1")[-1] == "replace"
+
+
+def test_a_node_record_survives_the_changelog_mid_flow():
+    f = Fleet()
+    f.fault("h1", T0, "reset")
+    f.result("h1", T0 + 10, "drain")
+    f.nodes["h1"] = Node.from_json(orjson.loads(orjson.dumps(f.node("h1").to_json())))  # a restarted worker
+    f.result("h1", T0 + 20, "repair")
+    f.result("h1", T0 + 30, "validate", dcgm_diag_level=3)
+    assert f.path("h1") == ["drain_requested", "drained", "repairing", "validating", "healthy"]
+    assert all(isinstance(r, DrainEvent) for r in f.requests)
+
+
+@pytest.mark.parametrize("period_s, expect_changes", [(180.0, 0), (360.0, 2)])
+def test_a_sensor_flapping_around_its_threshold_moves_at_most_once_per_dwell_window(period_s, expect_changes):
+    """A GPU crossing its slowdown limit every period/2 (throttling while hot), through the real health core."""
+    hcfg, h, f = health.HealthConfig(), health.HostHealth(), Fleet()
+    for k in range(int(3 * 3600 / 10)):
+        t = T0 + 10 * k
+        hot = (t - T0) % period_s < period_s / 2
+        temp, bits = (95.0, 0x40) if hot else (80.0, 0)
+        health.apply_sample(h, sample("h1", t, [gpu(i, temp if i == 0 else 60.0, throttle_reasons=bits if i == 0
+                                                     else 0) for i in range(8)]), hcfg)
+        for row in news(h, health.score(h, "h1", t, hcfg), hcfg):
+            if row.gpu_index is None:
+                f.health("h1", row.ts, row.score, {g: row.inputs[f"gate_since.{g}"] for g in row.gates})
+    changes = [s for s in f.states if s.state != s.prev_state]
+    assert len(changes) == expect_changes
+    assert all(b.since - a.since >= CFG.min_dwell_s for a, b in zip(changes, changes[1:]))
+    assert sum(r.action == "drain" and "resend_of" not in r.evidence for r in f.requests) <= 1
