@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import faust
 from faust.types import EventT
 
 from schemas.dead_letter import dead_letter
+
+if TYPE_CHECKING:
+    from streams.registry import StageContext
 
 Headers = list[tuple[str, bytes]]
 
@@ -66,3 +69,12 @@ async def send_dead_letter(emitter: Emitter, dlq_topic: str, event: EventT, reas
     value, headers = dead_letter(msg.value, reason=reason, topic=msg.topic, partition=msg.partition,
                                  offset=msg.offset, component=component)
     return await emitter.send(dlq_topic, msg.key, value, headers)
+
+
+async def refuse(ctx: StageContext, pending: list[Awaitable], event: EventT, dlq_topic: str, reason: str,
+                 component: str) -> None:
+    """Dead-letter one record for a stage: send it with its reason, count it, and log where it came from."""
+    pending.append(await send_dead_letter(ctx.emitter, dlq_topic, event, reason, component))
+    ctx.metrics.errored += 1
+    msg = event.message
+    ctx.log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)

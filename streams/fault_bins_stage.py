@@ -13,7 +13,7 @@ from faust.types import EventT
 from fleetpulse.errors import DecodeError
 from schemas.codec import decode, encode
 from schemas.topics import FAULTS, SAMPLES, XID
-from streams.emit import send_dead_letter
+from streams.emit import refuse as refuse_record
 from streams.fault_bins import Evaluation, check_record, evaluate
 from streams.fault_settings import FaultBinConfig, fault_config
 from streams.fault_state import HostState
@@ -67,10 +67,7 @@ def wire(app: faust.App, ctx: StageContext) -> list:
                       help="per-host GPU counter memory, fault history and open dedup windows (keyed by host)")
 
     async def refuse(pending: list[Awaitable], event: EventT, kind: str, reason: str) -> None:
-        pending.append(await send_dead_letter(ctx.emitter, dlq[kind], event, reason, COMPONENT))
-        m.errored += 1
-        log.warning("dead-lettered %s[%s]@%s: %s", event.message.topic, event.message.partition,
-                    event.message.offset, reason)
+        await refuse_record(ctx, pending, event, dlq[kind], reason, COMPONENT)
 
     async def fault_bins(stream):
         async for events in stream.take_events(s.streams_batch_max, within=config.batch_within_s):

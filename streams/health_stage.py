@@ -15,7 +15,7 @@ from fleetpulse.errors import DecodeError
 from schemas.analytics import FaultBin, HealthScore
 from schemas.codec import decode, encode
 from schemas.topics import FAULTS, HEALTH, REMEDIATION, SAMPLES, STRAGGLERS
-from streams.emit import send_dead_letter
+from streams.emit import refuse as refuse_record
 from streams.health import (FIELDS, HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
                             apply_straggler, health_config, score)
 from streams.power_thermal_stage import put
@@ -115,7 +115,7 @@ def news(h: HostHealth, sc: Scores, cfg: HealthConfig) -> list[HealthScore]:
 
 def wire(app: faust.App, ctx: StageContext) -> list:
     """Register the straggler forwarder and the health stage, and the host table they feed."""
-    s, m, log = ctx.settings, ctx.metrics, ctx.log
+    s, m = ctx.settings, ctx.metrics
     cfg, p = health_config(s), s.topic_prefix
     raw = dict(key_serializer="raw", value_serializer="raw")
     by_host = f"{app.conf.id}-health-stragglers_by_host"
@@ -129,10 +129,7 @@ def wire(app: faust.App, ctx: StageContext) -> list:
                       help="per-host GPU EWMAs, counter baselines, gates, fault history, straggler flags, last rows")
 
     async def refuse(pending: list[Awaitable], event: EventT, kind: str, reason: str) -> None:
-        pending.append(await send_dead_letter(ctx.emitter, dlq[kind], event, reason, COMPONENT))
-        m.errored += 1
-        log.warning("dead-lettered %s[%s]@%s: %s", event.message.topic, event.message.partition,
-                    event.message.offset, reason)
+        await refuse_record(ctx, pending, event, dlq[kind], reason, COMPONENT)
 
     async def health(stream):
         async for events in stream.take_events(s.streams_batch_max, within=s.streams_batch_within_s):

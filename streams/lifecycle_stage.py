@@ -16,7 +16,7 @@ from schemas.codec import decode, encode
 from schemas.topics import ALERTS, DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION
 from streams import lifecycle as lc
 from streams.breaker import Breaker, add_busbw, breaker_config, decide, reset
-from streams.emit import send_dead_letter
+from streams.emit import refuse as refuse_record
 from streams.health_stage import check as check_input
 from streams.power_thermal_stage import put
 from streams.usable_compute import changed, fleet_usable, minutes_due, node_share
@@ -96,10 +96,7 @@ def wire(app: faust.App, ctx: StageContext) -> list:
     last_tick = [0]
 
     async def refuse(pending: list[Awaitable], event: EventT, kind: str, reason: str) -> None:
-        pending.append(await send_dead_letter(ctx.emitter, dlq[kind], event, reason, COMPONENT))
-        m.errored += 1
-        log.warning("dead-lettered %s[%s]@%s: %s", event.message.topic, event.message.partition,
-                    event.message.offset, reason)
+        await refuse_record(ctx, pending, event, dlq[kind], reason, COMPONENT)
 
     async def send(pending: list[Awaitable], topic: str, key: bytes, value: bytes) -> None:
         pending.append(await ctx.emitter.send(topic, key, value))

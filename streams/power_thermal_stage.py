@@ -15,7 +15,7 @@ from faust.types import EventT
 from fleetpulse.errors import DecodeError
 from schemas.codec import decode, encode
 from schemas.topics import ALERTS, SAMPLES
-from streams.emit import send_dead_letter
+from streams.emit import refuse as refuse_record
 from streams.power_thermal import Config, Evaluation, RackReport, SubjectState, check_sample, evaluate
 from streams.rack_power import RackConfig, RackState, evaluate_racks
 
@@ -79,10 +79,7 @@ def wire(app: faust.App, ctx: StageContext) -> list:
         m.emitted += len(alerts)
 
     async def refuse(pending: list[Awaitable], event: EventT, reason: str) -> None:
-        pending.append(await send_dead_letter(ctx.emitter, dlq_topic, event, reason, COMPONENT))
-        m.errored += 1
-        log.warning("dead-lettered %s[%s]@%s: %s", event.message.topic, event.message.partition,
-                    event.message.offset, reason)
+        await refuse_record(ctx, pending, event, dlq_topic, reason, COMPONENT)
 
     async def power_thermal(stream):
         async for events in stream.take_events(s.streams_batch_max, within=s.streams_batch_within_s):

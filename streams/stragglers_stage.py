@@ -16,7 +16,7 @@ from fleetpulse.errors import DecodeError
 from schemas.analytics import StragglerScore
 from schemas.codec import decode, encode
 from schemas.topics import NCCL, SAMPLES, STRAGGLERS
-from streams.emit import send_dead_letter
+from streams.emit import refuse as refuse_record
 from streams.power_thermal_stage import put
 from streams.straggler_cause import CauseConfig, check_sample, explain, material, update
 from streams.straggler_windows import Batch, JobState, check_timing
@@ -57,10 +57,7 @@ def wire(app: faust.App, ctx: StageContext, config: Config = Config(), cause: Ca
     swept = [time.monotonic()]
 
     async def refuse(pending: list[Awaitable], event: EventT, dlq: str, reason: str) -> None:
-        pending.append(await send_dead_letter(ctx.emitter, dlq, event, reason, COMPONENT))
-        m.errored += 1
-        log.warning("dead-lettered %s[%s]@%s: %s", event.message.topic, event.message.partition,
-                    event.message.offset, reason)
+        await refuse_record(ctx, pending, event, dlq, reason, COMPONENT)
 
     def held(job: str) -> JobState | None:
         stored, mine = jobs.get(job), live.get(job)
