@@ -29,6 +29,7 @@ class TableStats:
     batches: int = 0
     dead_letters: int = 0
     last_insert_ms: float = 0.0
+    already_stored: int = 0  # replayed records at or below the stored watermark: skipped, still committed
 
 
 @dataclass
@@ -74,6 +75,7 @@ class ClickHouseSink:
         self.client = None
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
+        self.stored: dict[tuple[str, int], int] = {}  # highest offset already in ClickHouse, per partition
 
     async def db(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.db_thread, lambda: fn(*args, **kwargs))
@@ -106,6 +108,7 @@ class ClickHouseSink:
     async def seek_past_watermarks(self, assigned) -> None:
         """Resume after the highest offset already stored, even where Kafka's commit lags behind it."""
         marks = await self.db(store.watermarks, self.client)
+        self.stored = marks
         for tp in assigned:
             stored = marks.get((tp.topic, tp.partition))
             if stored is None:
@@ -132,7 +135,12 @@ class ClickHouseSink:
     async def take(self, tp: TopicPartition, records) -> None:
         batch = self.batches[tp.topic]
         stats = self.stats.tables[batch.table.name]
+        stored = self.stored.get((tp.topic, tp.partition), -1)
         for rec in records:
+            if rec.offset <= stored:  # the seek above can race the fetcher; never insert a stored offset twice
+                stats.already_stored += 1
+                batch.cover(tp.partition, rec.offset)
+                continue
             stats.records += 1
             try:
                 rows = batch.table.rows(decode(rec.value), tp.partition, rec.offset, rec.timestamp)
