@@ -170,6 +170,8 @@ class InjectedFault(_Derived):
     run_id: str = Field(json_schema_extra=LC)
     fault_id: str
     kind: str = Field(json_schema_extra=LC, description="xid79, thermal_runaway, power_cap, slow_rank, ecc_dbe, ...")
+    cause: str = Field(default="", json_schema_extra=LC,
+                       description="the scenario's root-cause label (faulty_gpu, hbm3, ...), so scores split by cause")
     host: str = Field(json_schema_extra=LC)
     rack: str = Field(default="", json_schema_extra=LC)
     gpu_index: int | None = None

@@ -4,16 +4,22 @@ Scenario files (JSON; shipped ones live in agents/simulator/scenarios/, full ref
 
     {"name": "thermal-runaway",                  # [A-Za-z0-9._-]+
      "description": "free text",
+     "fleet": {"hosts": 8, "jobs": [8]},         # optional: hosts, jobs (host counts), hosts_per_rack, rack_budgets_w
+     "run": {"duration_s": 300, "interval_s": 1},  # optional defaults for simulate: + nccl_interval_s, seed
      "faults": [
        {"kind": "thermal_runaway",               # xid | thermal_runaway | power_cap | slow_rank | ecc_dbe |
-                                                 # row_remap_failure | nvlink_crc | pcie_replay | gpu_lost
+                                                 # row_remap_failure | nvlink_crc | pcie_replay | gpu_lost |
+                                                 # congestion | sensor_flap | host_down | job_crash | power_surge
         "at": 30,                                # seconds of simulated time after the run's start
         "duration": 60,                          # seconds; omit = until the run ends
         "host": 2, "gpu": 5,                     # target: host index or hostname (+ GPU index; omit = all 8)
         # or "job": 0 (index or "job-0000") with "rank": 17
-        "peak_c": 91, "ramp_s": 15}              # kind parameters (xid: code, message, count, every, caused_by;
-     ]}                                          # power_cap: cap_w; slow_rank: slowdown_pct;
-                                                 # nvlink_crc / pcie_replay: rate_per_s)
+        "cause": "hbm3", "expect": None,         # optional truth label; optional list replacing expected tokens
+        "peak_c": 91, "ramp_s": 15}              # kind parameters (see the README's kinds table)
+     ],
+     "generate": [                               # optional: faults drawn from the seed in exact proportions
+       {"count": 10, "between": [60, 600],
+        "causes": [{"cause": "faulty_gpu", "weight": 3, "fault": {"kind": "gpu_lost"}}]}]}
 
 Each injection yields one InjectedFault on fleet.sim.truth when it starts; unknown fields are errors that name
 the field (e.g. ``faults.0.thermal_runaway.peak_c``).

@@ -11,7 +11,7 @@ import time
 
 from agents.publisher import Publisher
 from agents.simulator.runner import Tick, simulate
-from agents.simulator.scenario import available
+from agents.simulator.scenario import RUN_DEFAULTS, RunPlan, Scenario, available, load_scenario
 from fleetpulse.errors import FleetpulseError
 from fleetpulse.settings import CommonSettings, load
 
@@ -19,16 +19,22 @@ PROGRESS_EVERY_S = 5.0
 
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--hosts", type=int, default=16, help="hosts to simulate, 8 GPUs each (default 16)")
-    p.add_argument("--duration", type=float, default=60.0, help="simulated seconds to run (default 60)")
-    p.add_argument("--seed", type=int, default=0, help="random seed; equal seeds give equal telemetry")
+    """Flags left out take the scenario's fleet/run blocks, then the defaults in brackets (scenario.RUN_DEFAULTS)."""
+    d = RUN_DEFAULTS
+    p.add_argument("--hosts", type=int, default=None, help=f"hosts to simulate, 8 GPUs each (default {d['hosts']})")
+    p.add_argument("--duration", type=float, default=None,
+                   help=f"simulated seconds to run (default {d['duration_s']:g})")
+    p.add_argument("--seed", type=int, default=None,
+                   help=f"random seed; equal seeds give equal telemetry (default {d['seed']})")
     p.add_argument("--scenario", default=None,
                    help=f"scenario file, or a shipped one: {', '.join(available())} (default: no faults)")
     p.add_argument("--speed", type=float, default=1.0,
                    help="1 = real time on the wall clock, N = N times faster, 0 = as fast as possible")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between a host's samples (default 1)")
-    p.add_argument("--nccl-interval", type=float, default=1.0,
-                   help="simulated seconds between one rank's NCCL records; 0 = none (default 1)")
+    p.add_argument("--interval", type=float, default=None,
+                   help=f"seconds between a host's samples (default {d['interval_s']:g})")
+    p.add_argument("--nccl-interval", type=float, default=None,
+                   help="simulated seconds between one rank's NCCL records; 0 = none "
+                        f"(default {d['nccl_interval_s']:g})")
     return p
 
 
@@ -45,29 +51,40 @@ def _progress(every: float = PROGRESS_EVERY_S):
     return report
 
 
-async def _run(args: argparse.Namespace, settings: CommonSettings) -> str:
+async def _run(args: argparse.Namespace, settings: CommonSettings, scenario: Scenario, plan: RunPlan) -> str:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    report = await simulate(settings, hosts=args.hosts, duration=args.duration, seed=args.seed,
-                            scenario=args.scenario, speed=args.speed, interval=args.interval, stop=stop,
-                            nccl_interval=args.nccl_interval, on_tick=_progress())
+    report = await simulate(settings, hosts=plan.hosts, duration=plan.duration_s, seed=plan.seed, scenario=scenario,
+                            speed=args.speed, interval=plan.interval_s, stop=stop,
+                            nccl_interval=plan.nccl_interval_s, on_tick=_progress())
     return report.model_dump_json(indent=2)
+
+
+def _out_of_range(args: argparse.Namespace) -> bool:
+    def bad(value, low, strict: bool) -> bool:
+        return value is not None and (value <= low if strict else value < low)
+
+    return (bad(args.hosts, 1, False) or bad(args.duration, 0, True) or bad(args.interval, 0, True)
+            or bad(args.speed, 0, False) or bad(args.nccl_interval, 0, False))
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the simulator; the report goes to stdout as JSON, progress and errors to stderr."""
-    if args.hosts < 1 or args.duration <= 0 or args.interval <= 0 or args.speed < 0 or args.nccl_interval < 0:
+    if _out_of_range(args):
         print("simulate: --hosts >= 1, --duration > 0, --interval > 0, --speed >= 0, --nccl-interval >= 0",
               file=sys.stderr)
         return 2
     try:
+        scenario = load_scenario(args.scenario)
+        plan = scenario.plan(hosts=args.hosts, duration_s=args.duration, interval_s=args.interval,
+                             nccl_interval_s=args.nccl_interval, seed=args.seed)
         settings = load(CommonSettings)
-        print(f"simulate: {args.hosts} hosts x 8 GPUs, {args.duration:g}s at speed {args.speed:g} "
+        print(f"simulate: {plan.hosts} hosts x 8 GPUs, {plan.duration_s:g}s at speed {args.speed:g} "
               f"-> {settings.bootstrap} (prefix {settings.topic_prefix!r})", file=sys.stderr, flush=True)
-        print(asyncio.run(_run(args, settings)))
+        print(asyncio.run(_run(args, settings, scenario, plan)))
     except FleetpulseError as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 1

@@ -9,20 +9,12 @@ import numpy as np
 from agents.simulator import xid
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
 from agents.simulator.gpu_state import Effects, GpuState
-from agents.simulator.scenario import COMMON_FIELDS, Scenario, XidFault
+from agents.simulator.kinds import NEEDS_JOB, XidFault
+from agents.simulator.scenario import Scenario
+from agents.simulator.truth import truth_record
 from fleetpulse.errors import ConfigError
 
-EXPECTED = {
-    "thermal_runaway": ["alert:thermal", "throttle:hw_thermal"],
-    "power_cap": ["throttle:sw_power_cap"],
-    "slow_rank": ["straggler"],
-    "ecc_dbe": ["fault:ecc_dbe", "fault:xid:48", "bin:reset"],
-    "row_remap_failure": ["fault:row_remap_failure", "fault:xid:64", "bin:replace"],
-    "nvlink_crc": ["fault:nvlink_crc"],
-    "pcie_replay": ["fault:pcie_replay"],
-    "gpu_lost": ["fault:gpu_lost", "fault:xid:79", "bin:reboot"],
-}
-SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler
+SURGE_SHARE = 0.97  # a power surge's default draw, as a share of the power limit
 
 
 @dataclass
@@ -40,33 +32,43 @@ class Injection:
     start_temp: np.ndarray | None = None
 
 
+def _job(fleet: Fleet, ref: int | str, where: str):
+    names = [j.name for j in fleet.jobs]
+    if isinstance(ref, str) and ref in names:
+        return fleet.jobs[names.index(ref)]
+    if isinstance(ref, int) and 0 <= ref < len(fleet.jobs):
+        return fleet.jobs[ref]
+    raise ConfigError(f"scenario: {where}.job: no job {ref!r} (fleet has {len(fleet.jobs)} jobs)")
+
+
+def _host(fleet: Fleet, ref: int | str, where: str) -> int:
+    if isinstance(ref, str):
+        if ref not in fleet.hosts:
+            raise ConfigError(f"scenario: {where}.host: no host named {ref!r}")
+        return fleet.hosts.index(ref)
+    if not 0 <= ref < fleet.n_hosts:
+        raise ConfigError(f"scenario: {where}.host: index {ref} outside the fleet's {fleet.n_hosts} hosts")
+    return ref
+
+
 def _resolve(fleet: Fleet, number: int, spec) -> Injection:
     where = f"faults.{number}"
     if spec.job is not None:
-        names = [j.name for j in fleet.jobs]
-        if isinstance(spec.job, str) and spec.job in names:
-            job = fleet.jobs[names.index(spec.job)]
-        elif isinstance(spec.job, int) and 0 <= spec.job < len(fleet.jobs):
-            job = fleet.jobs[spec.job]
-        else:
-            raise ConfigError(f"scenario: {where}.job: no job {spec.job!r} (fleet has {len(fleet.jobs)} jobs)")
+        job = _job(fleet, spec.job, where)
+        if spec.rank is None:  # a whole job (job_crash): it is named by its first host
+            gpus = np.arange(GPUS_PER_HOST) + job.hosts[0] * GPUS_PER_HOST
+            return Injection(number, spec, job.hosts[0], gpus, job.name, None)
         if spec.rank >= job.world_size:
             raise ConfigError(f"scenario: {where}.rank: {spec.rank} >= world size {job.world_size} of {job.name}")
         gpu = fleet.gpu_of_rank(job, spec.rank)
         return Injection(number, spec, gpu // GPUS_PER_HOST, np.array([gpu]), job.name, spec.rank)
-    if isinstance(spec.host, str):
-        if spec.host not in fleet.hosts:
-            raise ConfigError(f"scenario: {where}.host: no host named {spec.host!r}")
-        host = fleet.hosts.index(spec.host)
-    elif 0 <= spec.host < fleet.n_hosts:
-        host = spec.host
-    else:
-        raise ConfigError(f"scenario: {where}.host: index {spec.host} outside the fleet's {fleet.n_hosts} hosts")
+    host = _host(fleet, spec.host, where)
     indices = range(GPUS_PER_HOST) if spec.gpu is None else [spec.gpu]
     gpus = np.array([host * GPUS_PER_HOST + i for i in indices])
     placed = fleet.rank_of(int(gpus[0]))
-    if spec.kind == "slow_rank" and placed is None:
-        raise ConfigError(f"scenario: {where}.host: {fleet.hosts[host]} runs no job, so it has no rank to slow")
+    if spec.kind in NEEDS_JOB and placed is None:
+        raise ConfigError(f"scenario: {where}.host: {fleet.hosts[host]} runs no job, so it has no {spec.kind} "
+                          "to inject")
     job, rank = (placed[0].name, placed[1]) if placed else (None, None)
     return Injection(number, spec, host, gpus, job, rank if gpus.size == 1 else None)
 
@@ -75,9 +77,9 @@ class FaultInjector:
     """Holds the resolved injections; `apply` returns this tick's effects, XID events and truth records."""
 
     def __init__(self, fleet: Fleet, scenario: Scenario, state: GpuState, rng: np.random.Generator, *,
-                 run_id: str, start_ts: float):
+                 run_id: str, start_ts: float, nccl: bool):
         self.fleet, self.scenario, self.state, self.rng = fleet, scenario, state, rng
-        self.run_id, self.start_ts = run_id, start_ts
+        self.run_id, self.start_ts, self.nccl = run_id, start_ts, nccl
         self.injections = [_resolve(fleet, i, spec) for i, spec in enumerate(scenario.faults)]
 
     def apply(self, t_prev: float, t_now: float) -> tuple[Effects, list[dict], list[dict]]:
@@ -87,7 +89,9 @@ class FaultInjector:
             spec = inj.spec
             if not inj.started and spec.at <= t_now:
                 inj.started = True
-                truth.append(self._truth(inj))
+                truth.append(truth_record(run_id=self.run_id, number=inj.number, spec=spec, fleet=self.fleet,
+                                          host=inj.host, gpus=inj.gpus, job=inj.job, rank=inj.rank,
+                                          start_ts=self.start_ts, nccl=self.nccl))
                 events.extend(self._start(inj))
             if isinstance(spec, XidFault) and inj.started:
                 events.extend(self._xid_repeats(inj, t_prev, t_now))
@@ -178,26 +182,15 @@ class FaultInjector:
             fx.pcie_rate[g] += spec.rate_per_s
         elif kind == "gpu_lost":
             fx.present[g] = False
-
-    def _truth(self, inj: Injection) -> dict:
-        spec, f = inj.spec, self.fleet
-        if spec.kind == "xid":
-            kind, expected = f"xid{spec.code}", [f"fault:xid:{spec.code}"]
-            if spec.code in xid.EXPECTED_BIN:
-                expected.append(f"bin:{xid.EXPECTED_BIN[spec.code]}")
-            hardware = spec.code not in xid.SOFTWARE_CODES
-        else:
-            kind, expected, hardware = spec.kind, list(EXPECTED[spec.kind]), True
-            if spec.kind in SLOWS_RANK and inj.job is not None:
-                expected.append("straggler")
-        params = {k: float(v) for k, v in spec.model_dump(exclude=COMMON_FIELDS).items()
-                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        return {
-            "run_id": self.run_id, "fault_id": f"{self.run_id}-{inj.number:03d}", "kind": kind,
-            "host": f.hosts[inj.host], "rack": f.racks[inj.host],
-            "gpu_index": int(inj.gpus[0] % GPUS_PER_HOST) if inj.gpus.size == 1 else None,
-            "job": inj.job, "rank": inj.rank, "ts": self.start_ts + spec.at,
-            "end_ts": None if spec.duration is None else self.start_ts + spec.end,
-            "hardware": spec.hardware if spec.hardware is not None else hardware,
-            "expected": expected, "params": params,
-        }
+        elif kind == "congestion":
+            fx.transfer_factor[g] = np.maximum(fx.transfer_factor[g], spec.factor)
+        elif kind == "sensor_flap":
+            high = int((t_now - spec.at) // (spec.period_s / 2)) % 2 == 0  # high first, then low, half a period each
+            fx.temp_reading_c[g] = spec.high_c if high else spec.low_c
+        elif kind == "host_down":
+            fx.present[g] = False
+            fx.host_up[inj.host] = False
+        elif kind == "job_crash" or (kind == "xid" and spec.crash_job):
+            fx.nccl_stopped[g] = True
+        elif kind == "power_surge":
+            fx.power_target_w[g] = spec.power_w or SURGE_SHARE * self.fleet.device.power_limit_w

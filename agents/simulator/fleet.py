@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,9 +119,21 @@ def _place_jobs(n_hosts: int, rng: np.random.Generator) -> list[tuple[int, int]]
     return spans
 
 
+def _pack_jobs(n_hosts: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(first host, host count) of jobs of the given sizes, packed from host 0; the hosts left over idle."""
+    if sum(sizes) > n_hosts or min(sizes, default=1) < 1:
+        raise ValueError(f"jobs of {list(sizes)} hosts do not fit a fleet of {n_hosts} hosts")
+    starts = np.cumsum([0, *sizes[:-1]]).tolist()
+    return list(zip(starts, sizes))
+
+
 def build_fleet(n_hosts: int, *, seed: int = 0, cluster: str = "sim", gpu_model: str = "H100",
-                hosts_per_rack: int = 16, driver_version: str = "550.127.08") -> Fleet:
-    """Lay out `n_hosts` hosts: names gpu-node-0000.., racks rack-000.., jobs job-0000.. (seeded)."""
+                hosts_per_rack: int = 16, driver_version: str = "550.127.08",
+                jobs: Sequence[int] | None = None) -> Fleet:
+    """Lay out `n_hosts` hosts: names gpu-node-0000.., racks rack-000.., jobs job-0000...
+
+    `jobs` gives each job's host count (a scenario written for one 1,024-rank job); None = a seeded random layout.
+    """
     if n_hosts < 1:
         raise ValueError("a fleet needs at least one host")
     if gpu_model not in DEVICES:
@@ -129,9 +142,10 @@ def build_fleet(n_hosts: int, *, seed: int = 0, cluster: str = "sim", gpu_model:
     hosts = [f"gpu-node-{i:04d}" for i in range(n_hosts)]
     racks = [f"rack-{i // hosts_per_rack:03d}" for i in range(n_hosts)]
     host_job = np.full(n_hosts, -1, dtype=np.int64)
-    jobs = []
-    for j, (first, size) in enumerate(_place_jobs(n_hosts, rng)):
-        jobs.append(Job(j, f"job-{j:04d}", tuple(range(first, first + size))))
+    spans = _place_jobs(n_hosts, rng) if jobs is None else _pack_jobs(n_hosts, list(jobs))
+    placed = []
+    for j, (first, size) in enumerate(spans):
+        placed.append(Job(j, f"job-{j:04d}", tuple(range(first, first + size))))
         host_job[first:first + size] = j
     uuids = [[gpu_uuid(cluster, h, i) for i in range(GPUS_PER_HOST)] for h in hosts]
-    return Fleet(cluster, DEVICES[gpu_model], driver_version, hosts, racks, jobs, host_job, uuids)
+    return Fleet(cluster, DEVICES[gpu_model], driver_version, hosts, racks, placed, host_job, uuids)

@@ -26,7 +26,7 @@ def diurnal(ts: float) -> float:
 
 @dataclass
 class Effects:
-    """Per-GPU modifiers that active faults set for one tick (defaults = healthy)."""
+    """Per-GPU (host_up: per-host) modifiers that active faults set for one tick (defaults = healthy)."""
 
     power_limit_w: np.ndarray
     temp_target_c: np.ndarray  # NaN = none; else the die is driven at least to this temperature
@@ -34,12 +34,18 @@ class Effects:
     pcie_rate: np.ndarray
     compute_factor: np.ndarray
     present: np.ndarray
+    temp_reading_c: np.ndarray  # NaN = none; else the sensor reports this whatever the die is (a broken sensor)
+    power_target_w: np.ndarray  # NaN = none; else the GPU runs flat out drawing this (a power surge)
+    transfer_factor: np.ndarray  # collective transfer time of the GPU's job x the largest factor on its ranks
+    nccl_stopped: np.ndarray  # the GPU's job has crashed: it writes no NCCL records, its telemetry is untouched
+    host_up: np.ndarray  # per host; a host that is down publishes no sample
 
     @classmethod
     def healthy(cls, fleet: Fleet) -> Effects:
         n = fleet.n_gpus
         return cls(np.full(n, fleet.device.power_limit_w), np.full(n, np.nan), np.zeros(n), np.zeros(n),
-                   np.ones(n), np.ones(n, dtype=bool))
+                   np.ones(n), np.ones(n, dtype=bool), np.full(n, np.nan), np.full(n, np.nan), np.ones(n),
+                   np.zeros(n, dtype=bool), np.ones(fleet.n_hosts, dtype=bool))
 
 
 class GpuState:
@@ -72,6 +78,7 @@ class GpuState:
         # Start in thermal steady state at the expected load, so the first minutes need no warm-up.
         self.power = spec.idle_power_w + (self.peak_w - spec.idle_power_w) * self.util_level / 100.0
         self.temp = self.inlet_c + self.r_th * self.power
+        self.temp_reading = self.temp.copy()
         self.hbm_temp = self.inlet_c + 3.0 + self.r_hbm * self.power
         self.sm_clock = np.full(n, spec.idle_sm_clock_mhz)
         self.clock_ratio = np.ones(n)
@@ -94,6 +101,7 @@ class GpuState:
         self.last_xid = np.full(n, -1, dtype=np.int64)  # -1 = none since driver load
         self.recovery_action = np.zeros(n, dtype=np.int64)
         self.present = np.ones(n, dtype=bool)
+        self.host_up = np.ones(fleet.n_hosts, dtype=bool)
 
     def job_running(self, present: np.ndarray) -> np.ndarray:
         """Per GPU: its job is running (a job with a lost GPU has crashed, so all its GPUs go idle)."""
@@ -107,10 +115,13 @@ class GpuState:
         spec, rng, n = self.fleet.device, self.rng, self.fleet.n_gpus
         swing = diurnal(ts)
         self.present = fx.present.copy()
-        self.active = self.job_running(fx.present)
-        # Utilisation: per-job level plus AR(1) noise; idle GPUs read 0.
+        self.host_up = fx.host_up.copy()
+        surge = ~np.isnan(fx.power_target_w) & fx.present
+        self.active = self.job_running(fx.present) | surge
+        # Utilisation: per-job level plus AR(1) noise; idle GPUs read 0; a surging GPU runs flat out.
         self.util_noise = 0.7 * self.util_noise + rng.normal(0.0, 1.2, n)
         self.util = np.where(self.active, np.clip(self.util_level + self.util_noise, 0.0, 100.0), 0.0)
+        self.util[surge] = 100.0
         self.mem_util = np.where(self.active, np.clip(0.45 * self.util + rng.normal(0.0, 2.0, n), 0.0, 100.0), 0.0)
         self.sm_active = np.where(self.active, np.clip(0.0082 * self.util + rng.normal(0.0, 0.01, n), 0.0, 1.0), 0.0)
         self.tensor_active = self.sm_active * self.tensor_share
@@ -123,13 +134,15 @@ class GpuState:
         self.temp += (target + lift - self.temp) * (1.0 - math.exp(-dt / TAU_GPU_S))
         hbm_target = inlet + 3.0 + self.r_hbm * self.power + 0.6 * lift
         self.hbm_temp += (hbm_target - self.hbm_temp) * (1.0 - math.exp(-dt / TAU_HBM_S))
-        # Throttle reasons from the temperatures just read, then clocks and power.
-        die, hbm = np.rint(self.temp), np.rint(self.hbm_temp)  # NVML reads whole degrees; limits compare those
+        # Throttle reasons from the temperatures just read (a broken sensor's reading counts), then clocks, power.
+        self.temp_reading = np.where(np.isnan(fx.temp_reading_c), self.temp, fx.temp_reading_c)
+        die, hbm = np.rint(self.temp_reading), np.rint(self.hbm_temp)  # NVML reads whole degrees; limits too
         hw = die >= spec.slowdown_temp_c
         sw = (die >= spec.gpu_max_op_temp_c) | (hbm >= spec.hbm_max_op_temp_c)
         ratio = np.where(hw, HW_SLOWDOWN_CLOCK, np.where(sw, SW_THERMAL_CLOCK, 1.0))
         demand_dyn = (self.peak_w - spec.idle_power_w) * self.util / 100.0
         demand_dyn *= (1.0 + 0.01 * swing) * (1.0 + rng.normal(0.0, 0.015, n)) * ratio ** 2
+        demand_dyn[surge] = fx.power_target_w[surge] - spec.idle_power_w
         self.power_limit = fx.power_limit_w.copy()
         headroom = np.maximum(self.power_limit * rng.uniform(0.985, 0.998, n) - spec.idle_power_w, 1.0)
         capped = self.active & (demand_dyn > headroom)

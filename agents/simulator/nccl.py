@@ -38,18 +38,19 @@ class NcclModel:
             self.base_coll_us.append(size * busbw_factor(coll, job.world_size) / (bw * 1e9) * 1e6)
             self.rank_bias.append(rng.normal(0.0, 0.003, job.world_size))
 
-    def job_records(self, job: Job, start_ts: float, slowdown: np.ndarray) -> list[dict]:
+    def job_records(self, job: Job, start_ts: float, slowdown: np.ndarray, congestion: float = 1.0) -> list[dict]:
         """One NcclTiming dict per rank for the job's next collective, starting its step at `start_ts`.
 
-        `slowdown` is the per-GPU factor on compute time (clock throttling, injected slow ranks).
-        Every rank leaves the collective together, so rank r waits max(compute) - compute_r.
+        `slowdown` is the per-GPU factor on compute time (clock throttling, injected slow ranks); `congestion`
+        multiplies the transfer, which every rank of a ring shares. Every rank leaves the collective together,
+        so rank r waits max(compute) - compute_r.
         """
         j, rng = job.index, self.rng
         gpus = self.ranks[j]
         noise = rng.lognormal(-0.5 * COMPUTE_CV ** 2, COMPUTE_CV, gpus.size)
         compute = (self.base_compute_us[j] * (1.0 + 0.01 * diurnal(start_ts)) * (1.0 + self.rank_bias[j])
                    * noise * slowdown[gpus])
-        transfer = self.base_coll_us[j] * rng.lognormal(0.0, 0.03)
+        transfer = self.base_coll_us[j] * rng.lognormal(0.0, 0.03) * congestion
         collective = transfer + (compute.max() - compute) + rng.exponential(40.0, gpus.size)
         seq = int(self.seq[j])
         self.seq[j] += 1
@@ -65,10 +66,15 @@ class NcclModel:
                                                      np.round(collective, 1).tolist()))
         ]
 
-    def records(self, start_ts: float, slowdown: np.ndarray, running: np.ndarray) -> list[dict]:
-        """Records of every running job for one collective step; a job with any rank down emits nothing."""
+    def records(self, start_ts: float, slowdown: np.ndarray, running: np.ndarray,
+                transfer_factor: np.ndarray) -> list[dict]:
+        """Records of every running job for one collective step; a job with any rank down emits nothing.
+
+        A slow link on any of a job's hosts slows its whole ring, so the job takes its ranks' largest factor.
+        """
         out: list[dict] = []
         for job in self.fleet.jobs:
-            if running[self.ranks[job.index]].all():
-                out.extend(self.job_records(job, start_ts, slowdown))
+            ranks = self.ranks[job.index]
+            if running[ranks].all():
+                out.extend(self.job_records(job, start_ts, slowdown, float(transfer_factor[ranks].max())))
         return out

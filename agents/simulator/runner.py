@@ -17,11 +17,12 @@ from pydantic import BaseModel, Field
 from agents.publisher import Publisher
 from agents.simulator.faults import FaultInjector
 from agents.simulator.fleet import build_fleet
+from agents.simulator.generate import expand
 from agents.simulator.gpu_state import GpuState
 from agents.simulator.nccl import NcclModel
 from agents.simulator.samples import host_samples
 from agents.simulator.scenario import Scenario, load_scenario
-from fleetpulse.errors import BrokerError
+from fleetpulse.errors import BrokerError, ConfigError
 from fleetpulse.kafka_admin import ensure_topics
 from fleetpulse.settings import CommonSettings
 from schemas.analytics import InjectedFault
@@ -45,25 +46,35 @@ class FleetSimulator:
 
     Streams of randomness are split per concern, so e.g. changing the NCCL cadence leaves the telemetry as it was.
     `nccl_interval` is the simulated seconds between one rank's collective records (0 = no NCCL records).
+    The scenario's fleet block lays out the jobs and racks, and gives the host count when `hosts` is None; its
+    generate blocks are drawn here, from `seed`, so `self.scenario` holds every fault the run injects.
     """
 
-    def __init__(self, hosts: int, *, seed: int = 0, scenario: str | Path | dict | Scenario | None = None,
-                 interval: float = 1.0, start_ts: float | None = None, cluster: str = "sim", gpu_model: str = "H100",
+    def __init__(self, hosts: int | None = None, *, seed: int = 0,
+                 scenario: str | Path | dict | Scenario | None = None, interval: float = 1.0,
+                 start_ts: float | None = None, cluster: str = "sim", gpu_model: str = "H100",
                  nccl_interval: float = 1.0, run_id: str | None = None):
         if interval <= 0:
             raise ValueError("interval must be > 0")
         if nccl_interval < 0:
             raise ValueError("nccl_interval must be >= 0")
-        self.scenario = load_scenario(scenario)
+        scenario = load_scenario(scenario)
+        hosts = scenario.plan(hosts=hosts).hosts
         self.seed, self.interval, self.nccl_interval = seed, interval, nccl_interval
         self.start_ts = time.time() if start_ts is None else start_ts
+        layout = scenario.fleet
+        try:
+            self.fleet = build_fleet(hosts, seed=seed, cluster=cluster, gpu_model=gpu_model,
+                                     hosts_per_rack=layout.hosts_per_rack, jobs=layout.jobs)
+        except ValueError as exc:
+            raise ConfigError(f"scenario {scenario.name}: fleet.jobs: {exc}") from None
+        self.scenario = expand(scenario, self.fleet, seed)
         self.run_id = run_id or self._run_id(hosts)
-        self.fleet = build_fleet(hosts, seed=seed, cluster=cluster, gpu_model=gpu_model)
         telemetry_rng, nccl_rng, fault_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
         self.state = GpuState(self.fleet, telemetry_rng)
         self.nccl = NcclModel(self.fleet, nccl_rng)
         self.faults = FaultInjector(self.fleet, self.scenario, self.state, fault_rng,
-                                    run_id=self.run_id, start_ts=self.start_ts)
+                                    run_id=self.run_id, start_ts=self.start_ts, nccl=nccl_interval > 0)
         self.index = 0
         self._next_collective = 0  # index of the next collective step (at nccl_interval * index)
 
@@ -80,10 +91,10 @@ class FleetSimulator:
         tick = Tick(k, ts, host_samples(self.fleet, self.state, ts=ts, seq=k), xid_events, [], truth)
         if self.nccl_interval > 0:
             slowdown = self.state.step_time_factor() * effects.compute_factor
-            running = self.state.active
+            running = self.state.active & ~effects.nccl_stopped
             while self._next_collective * self.nccl_interval < t_now + dt - 1e-9:
                 step_ts = self.start_ts + self._next_collective * self.nccl_interval
-                tick.nccl.extend(self.nccl.records(step_ts, slowdown, running))
+                tick.nccl.extend(self.nccl.records(step_ts, slowdown, running, effects.transfer_factor))
                 self._next_collective += 1
         self.index += 1
         return tick
@@ -119,21 +130,28 @@ def _aligned_start(interval: float) -> float:
     return math.ceil(time.time() / interval) * interval
 
 
-async def simulate(settings: CommonSettings, *, hosts: int, duration: float, seed: int = 0,
-                   scenario: str | Path | None = None, speed: float = 1.0, start_ts: float | None = None,
-                   interval: float = 1.0, stop: asyncio.Event | None = None, nccl_interval: float = 1.0,
-                   cluster: str = "sim", on_tick: Callable[[Tick, Publisher], None] | None = None) -> SimulationReport:
+async def simulate(settings: CommonSettings, *, hosts: int | None = None, duration: float | None = None,
+                   seed: int | None = None, scenario: str | Path | dict | Scenario | None = None, speed: float = 1.0,
+                   start_ts: float | None = None, interval: float | None = None, stop: asyncio.Event | None = None,
+                   nccl_interval: float | None = None, cluster: str = "sim",
+                   on_tick: Callable[[Tick, Publisher], None] | None = None) -> SimulationReport:
     """Publish round(duration / interval) ticks: one HostSample per host per tick, plus XID, NCCL and truth records.
 
     speed 1 paces ticks on the wall clock; speed N runs N times faster; speed 0 runs as fast as possible.
     Timestamps advance by `interval` per tick from `start_ts` (default: now, aligned to the interval).
+    Arguments left None come from the scenario's fleet and run blocks, then from RUN_DEFAULTS.
     """
     if speed < 0:
         raise ValueError("speed must be >= 0")
-    ticks = max(0, round(duration / interval))
+    scenario = load_scenario(scenario)
+    plan = scenario.plan(hosts=hosts, duration_s=duration, interval_s=interval, nccl_interval_s=nccl_interval,
+                         seed=seed)
+    hosts, seed, interval = plan.hosts, plan.seed, plan.interval_s
+    ticks = max(0, round(plan.duration_s / interval))
     aligned = start_ts is None and speed == 1.0
     sim = FleetSimulator(hosts, seed=seed, scenario=scenario, interval=interval, cluster=cluster,
-                         start_ts=_aligned_start(interval) if aligned else start_ts, nccl_interval=nccl_interval)
+                         start_ts=_aligned_start(interval) if aligned else start_ts,
+                         nccl_interval=plan.nccl_interval_s)
     try:
         await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
     except KafkaError as exc:

@@ -31,7 +31,7 @@ def _columns(fleet: Fleet, s: GpuState) -> dict[str, list]:
         "mem_total_mib": const(spec.mem_total_mib),
         "sm_clock_mhz": s.sm_clock.tolist(),
         "mem_clock_mhz": const(spec.mem_clock_mhz),
-        "gpu_temp_c": np.rint(s.temp).tolist(),
+        "gpu_temp_c": np.rint(s.temp_reading).tolist(),
         "hbm_temp_c": np.rint(s.hbm_temp).tolist(),
         "power_w": np.round(s.power, 3).tolist(),
         "power_limit_w": s.power_limit.tolist(),
@@ -70,11 +70,13 @@ def gpu_readings(fleet: Fleet, state: GpuState) -> list[dict]:
 
 
 def host_samples(fleet: Fleet, state: GpuState, *, ts: float, seq: int) -> list[dict]:
-    """One HostSample dict per host at `ts`; a lost GPU is simply absent from its host's list."""
+    """One HostSample dict per host at `ts`; a lost GPU is absent from its host's list, a down host sends none."""
     readings = gpu_readings(fleet, state)
     missing = set(np.flatnonzero(~state.present) // GPUS_PER_HOST)
     out = []
     for h, name in enumerate(fleet.hosts):
+        if not state.host_up[h]:
+            continue
         gpus = readings[h * GPUS_PER_HOST:(h + 1) * GPUS_PER_HOST]
         if h in missing:
             gpus = [g for i, g in enumerate(gpus) if state.present[h * GPUS_PER_HOST + i]]

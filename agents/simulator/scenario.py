@@ -1,117 +1,127 @@
-"""Scenario files: the JSON format of timed fault injections, validated with the offending field named."""
+"""Scenario files: the fleet, run defaults, faults and fault generators of one run, validated with the field named."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
+from agents.simulator.kinds import FAULT_ADAPTER, FaultSpec
 from fleetpulse.errors import ConfigError
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-SHUTDOWN_TEMP_C = 92.0
+# What a run uses when neither the caller nor the scenario says (the simulate CLI's historic defaults).
+RUN_DEFAULTS = {"hosts": 16, "duration_s": 60.0, "interval_s": 1.0, "nccl_interval_s": 1.0, "seed": 0}
+PLACED_BY_GENERATOR = ("at", "host", "job", "rank")
 
 
-class _Fault(BaseModel):
-    """Fields every injection has: when (seconds after the run's start), for how long, and where."""
-
+class _Block(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    at: float = Field(ge=0, description="seconds of simulated time after the run's start")
-    duration: float | None = Field(default=None, gt=0, description="seconds; omitted = until the run ends")
-    host: int | str | None = Field(default=None, description="host index or hostname")
-    gpu: int | None = Field(default=None, ge=0, le=7, description="GPU index on the host; omitted = every GPU")
-    job: int | str | None = Field(default=None, description="job index or name (with rank)")
-    rank: int | None = Field(default=None, ge=0)
-    hardware: bool | None = Field(default=None, description="override the ground truth's hardware flag")
-    note: str = ""
+
+class FleetSpec(_Block):
+    """The fleet a scenario was written for; its targets (job-0000 rank 517) only make sense on this layout."""
+
+    hosts: int | None = Field(default=None, ge=1, le=100_000, description="default host count")
+    jobs: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, description="host count of each job, packed from host 0; omitted = the seeded random layout")
+    hosts_per_rack: int = Field(default=16, ge=1)
+    rack_budgets_w: dict[str, PositiveFloat] = Field(
+        default_factory=dict, description="rack power budgets, carried for the stream worker (the simulator ignores)")
+
+    @field_validator("jobs")
+    @classmethod
+    def _jobs_fit(cls, jobs: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        hosts = info.data.get("hosts")
+        if jobs is not None and hosts is not None and sum(jobs) > hosts:
+            raise ValueError(f"the jobs need {sum(jobs)} hosts, the fleet has {hosts}")
+        return jobs
+
+
+class RunSpec(_Block):
+    """Defaults for `fleetpulse simulate` (its flags win)."""
+
+    duration_s: float | None = Field(default=None, gt=0)
+    interval_s: float | None = Field(default=None, gt=0)
+    nccl_interval_s: float | None = Field(default=None, ge=0, description="0 = no NCCL records")
+    seed: int | None = Field(default=None, ge=0)
+
+
+class Cause(_Block):
+    """One root cause of a generator: its share of the faults and the fault a host with that cause shows."""
+
+    cause: str = Field(min_length=1)
+    weight: float = Field(gt=0)
+    hardware: bool | None = Field(default=None, description="override the truth's hardware flag")
+    fault: dict = Field(description="a fault without at/host/job/rank: kind, its parameters, optional gpu/duration")
+
+    @field_validator("fault")
+    @classmethod
+    def _template(cls, fault: dict) -> dict:
+        placed = [k for k in PLACED_BY_GENERATOR if k in fault]
+        if placed:
+            raise ValueError(f"{', '.join(placed)}: placed by the generator, leave out")
+        try:
+            FAULT_ADAPTER.validate_python({**fault, "at": 0, "host": 0})
+        except ValidationError as exc:
+            raise ValueError(_problems(exc)) from None
+        return fault
+
+
+class Generate(_Block):
+    """Faults drawn at load time from the run's seed: how many, when, and their causes in proportion."""
+
+    count: int | None = Field(default=None, ge=0, le=1_000_000)
+    share_of_hosts: float | None = Field(default=None, gt=0, le=1, description="count = round(share x hosts)")
+    between: tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(ge=0)]] = Field(
+        description="[t0, t1] seconds; t0 == t1 puts every fault at t0 (a storm)")
+    distinct_hosts: bool = True
+    causes: list[Cause] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _one_target(self):
-        by_host, by_job = self.host is not None, self.job is not None
-        if by_host == by_job:
-            raise ValueError("give exactly one target: host (with optional gpu) or job with rank")
-        if by_job and self.rank is None:
-            raise ValueError("rank is required with job")
-        if by_host and self.rank is not None:
-            raise ValueError("rank goes with job, not host")
-        if by_job and self.gpu is not None:
-            raise ValueError("gpu goes with host, not job")
+    def _consistent(self):
+        if (self.count is None) == (self.share_of_hosts is None):
+            raise ValueError("give exactly one of count and share_of_hosts")
+        if self.between[0] > self.between[1]:
+            raise ValueError("between: t0 must not be after t1")
         return self
 
-    @property
-    def end(self) -> float:
-        return float("inf") if self.duration is None else self.at + self.duration
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The concrete settings of one run after caller > scenario > RUN_DEFAULTS."""
+
+    hosts: int
+    duration_s: float
+    interval_s: float
+    nccl_interval_s: float
+    seed: int
 
 
-COMMON_FIELDS = frozenset(_Fault.model_fields)
-
-
-class XidFault(_Fault):
-    kind: Literal["xid"]
-    code: int = Field(ge=1, le=65535)
-    message: str | None = Field(default=None, description="text after 'NN, '; default: a real line of that code")
-    count: int = Field(default=1, ge=1, le=10000, description="how many lines (a storm when > 1)")
-    every: float = Field(default=1.0, gt=0, description="seconds between repeated lines")
-    caused_by: int | None = Field(default=None, ge=1, description="adds 'caused by previous Xid N'")
-
-
-class ThermalRunaway(_Fault):
-    kind: Literal["thermal_runaway"]
-    peak_c: float = Field(default=91.0, gt=40, lt=SHUTDOWN_TEMP_C, description="temperature the GPU climbs to")
-    ramp_s: float = Field(default=15.0, ge=0, description="seconds from normal to peak")
-
-
-class PowerCap(_Fault):
-    kind: Literal["power_cap"]
-    cap_w: float = Field(default=400.0, ge=100, le=700, description="enforced power limit while active")
-
-
-class SlowRank(_Fault):
-    kind: Literal["slow_rank"]
-    slowdown_pct: float = Field(gt=0, le=500, description="compute time grows by this percentage")
-
-
-class EccDbe(_Fault):
-    kind: Literal["ecc_dbe"]
-
-
-class RowRemapFailure(_Fault):
-    kind: Literal["row_remap_failure"]
-
-
-class NvlinkCrc(_Fault):
-    kind: Literal["nvlink_crc"]
-    rate_per_s: float = Field(default=50.0, gt=0, le=1e6, description="mean CRC errors added per second")
-
-
-class PcieReplay(_Fault):
-    kind: Literal["pcie_replay"]
-    rate_per_s: float = Field(default=5.0, gt=0, le=1e6, description="mean PCIe replays added per second")
-
-
-class GpuLost(_Fault):
-    kind: Literal["gpu_lost"]
-
-
-FaultSpec = Annotated[
-    Union[XidFault, ThermalRunaway, PowerCap, SlowRank, EccDbe, RowRemapFailure, NvlinkCrc, PcieReplay, GpuLost],
-    Field(discriminator="kind"),
-]
-KINDS = ("xid", "thermal_runaway", "power_cap", "slow_rank", "ecc_dbe", "row_remap_failure", "nvlink_crc",
-         "pcie_replay", "gpu_lost")
-
-
-class Scenario(BaseModel):
-    """A named list of fault injections."""
-
-    model_config = ConfigDict(extra="forbid")
+class Scenario(_Block):
+    """A named run: the fleet it needs, run defaults, fault injections, and generators of more faults."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     description: str = ""
+    fleet: FleetSpec = Field(default_factory=FleetSpec)
+    run: RunSpec = Field(default_factory=RunSpec)
     faults: list[FaultSpec] = Field(default_factory=list)
+    generate: list[Generate] = Field(default_factory=list)
+    pipeline: dict[str, dict] = Field(
+        default_factory=dict, description="stream-worker rule parameters for `fleetpulse evaluate` (fault_bins, "
+                                          "health, lifecycle, breaker: each the JSON of that StreamsSettings field)")
+
+    def plan(self, *, hosts: int | None = None, duration_s: float | None = None, interval_s: float | None = None,
+             nccl_interval_s: float | None = None, seed: int | None = None) -> RunPlan:
+        """Fill what the caller left None from the scenario's fleet/run blocks, then from RUN_DEFAULTS."""
+        given = {"hosts": hosts, "duration_s": duration_s, "interval_s": interval_s,
+                 "nccl_interval_s": nccl_interval_s, "seed": seed}
+        own = {"hosts": self.fleet.hosts, **self.run.model_dump()}
+        return RunPlan(**{k: next(v for v in (given[k], own[k], RUN_DEFAULTS[k]) if v is not None) for k in given})
 
 
 def _problems(exc: ValidationError) -> str:

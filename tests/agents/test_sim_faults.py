@@ -8,7 +8,7 @@ import numpy as np
 
 from agents.simulator import FleetSimulator
 from agents.simulator.gpu_state import HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
-from agents.simulator.scenario import load_scenario
+from agents.simulator.scenario import available, load_scenario
 
 TS0 = 1_700_000_000.0
 XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?"
@@ -158,8 +158,14 @@ def test_host_level_target_hits_all_gpus_and_truth_has_no_gpu_index():
     assert truth["gpu_index"] is None and truth["rank"] is None and truth["job"] == "job-0000"
 
 
-def test_shipped_scenarios_resolve_on_a_small_fleet():
-    for name in ("baseline", "thermal-runaway", "straggler", "fault-mix"):
-        sim = FleetSimulator(4, seed=0, start_ts=TS0, scenario=name)
-        assert sim.scenario.name == name
+def test_every_shipped_scenario_runs_alone_from_its_own_fleet_and_run_blocks():
+    for name in available():
+        scenario = load_scenario(name)
+        plan = scenario.plan()
+        sim = FleetSimulator(seed=plan.seed, start_ts=TS0, scenario=scenario, interval=plan.interval_s,
+                             nccl_interval=plan.nccl_interval_s)
+        assert sim.scenario.name == name and sim.fleet.n_hosts == plan.hosts
+        ticks = run(sim, 3)
+        assert len(ticks[0].samples) == plan.hosts, name
+        assert not sim.scenario.generate  # drawn into faults
     assert load_scenario("baseline").faults == []

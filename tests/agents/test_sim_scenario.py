@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agents.simulator import FleetSimulator, xid
 from agents.simulator.cli import configure_parser, run
 from agents.simulator.fleet import HGX_PCI_BUSES
-from agents.simulator.scenario import available, load_scenario
+from agents.simulator.scenario import RunPlan, available, load_scenario
 from fleetpulse.errors import ConfigError
 from tests.agents.test_sim_faults import XID_RE
 
@@ -106,10 +106,17 @@ def xid_bus(index: int) -> str:
     return f"{HGX_PCI_BUSES[index]:02x}"
 
 
-def test_cli_parser_defaults_and_bad_arguments(capsys):
+def test_cli_flags_default_to_none_and_fall_back_to_the_scenario_then_the_defaults(capsys):
     args = configure_parser(argparse.ArgumentParser()).parse_args(["--hosts", "3", "--speed", "0"])
-    assert (args.hosts, args.duration, args.seed, args.scenario) == (3, 60.0, 0, None)
-    assert (args.speed, args.interval, args.nccl_interval) == (0, 1.0, 1.0)
+    assert (args.hosts, args.duration, args.seed, args.scenario) == (3, None, None, None)
+    assert (args.speed, args.interval, args.nccl_interval) == (0, None, None)
+    assert load_scenario(None).plan(hosts=args.hosts) == RunPlan(3, 60.0, 1.0, 1.0, 0)
+    straggler = load_scenario("straggler")
+    assert straggler.plan() == RunPlan(128, 420.0, 5.0, 2.0, 0)
+    assert straggler.plan(hosts=130, interval_s=1.0, seed=4) == RunPlan(130, 420.0, 1.0, 2.0, 4)  # flags win
     bad = configure_parser(argparse.ArgumentParser()).parse_args(["--hosts", "0"])
     assert run(bad) == 2
     assert "--hosts >= 1" in capsys.readouterr().err
+    too_small = configure_parser(argparse.ArgumentParser()).parse_args(["--scenario", "straggler", "--hosts", "4"])
+    assert run(too_small) == 1
+    assert "fleet.jobs: jobs of [128] hosts do not fit a fleet of 4 hosts" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""The fault kinds a scenario can inject, as pydantic models: where each hits, for how long, and its parameters."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+SHUTDOWN_TEMP_C = 92.0
+
+
+class _Fault(BaseModel):
+    """Fields every injection has: when (seconds after the run's start), for how long, where, and its truth labels."""
+
+    model_config = ConfigDict(extra="forbid")
+    # A job_crash hits a whole job, so it is the one kind that takes a job without a rank.
+    job_needs_rank: ClassVar[bool] = True
+    # A slow link, a down host and a crashed job are a host's or job's, never one GPU's.
+    takes_gpu: ClassVar[bool] = True
+
+    at: float = Field(ge=0, description="seconds of simulated time after the run's start")
+    duration: float | None = Field(default=None, gt=0, description="seconds; omitted = until the run ends")
+    host: int | str | None = Field(default=None, description="host index or hostname")
+    gpu: int | None = Field(default=None, ge=0, le=7, description="GPU index on the host; omitted = every GPU")
+    job: int | str | None = Field(default=None, description="job index or name (with rank)")
+    rank: int | None = Field(default=None, ge=0)
+    hardware: bool | None = Field(default=None, description="override the ground truth's hardware flag")
+    cause: str = Field(default="", description="label copied to the ground truth (e.g. the root cause it models)")
+    expect: list[str] | None = Field(default=None, description="override the ground truth's expected tokens")
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _one_target(self):
+        by_host, by_job = self.host is not None, self.job is not None
+        if by_host == by_job:
+            raise ValueError("give exactly one target: host (with optional gpu) or job with rank")
+        if by_job and self.rank is None and self.job_needs_rank:
+            raise ValueError("rank is required with job")
+        if by_host and self.rank is not None:
+            raise ValueError("rank goes with job, not host")
+        if by_job and self.gpu is not None:
+            raise ValueError("gpu goes with host, not job")
+        if self.gpu is not None and not self.takes_gpu:
+            raise ValueError("gpu: this kind hits the whole host, leave gpu out")
+        return self
+
+    @property
+    def end(self) -> float:
+        return float("inf") if self.duration is None else self.at + self.duration
+
+
+COMMON_FIELDS = frozenset(_Fault.model_fields)
+
+
+class XidFault(_Fault):
+    kind: Literal["xid"]
+    code: int = Field(ge=1, le=65535)
+    message: str | None = Field(default=None, description="text after 'NN, '; default: a real line of that code")
+    count: int = Field(default=1, ge=1, le=10000, description="how many lines (a storm when > 1)")
+    every: float = Field(default=1.0, gt=0, description="seconds between repeated lines")
+    caused_by: int | None = Field(default=None, ge=1, description="adds 'caused by previous Xid N'")
+    crash_job: bool = Field(default=False, description="the GPU's job stops its NCCL records while active")
+
+
+class ThermalRunaway(_Fault):
+    kind: Literal["thermal_runaway"]
+    peak_c: float = Field(default=91.0, gt=40, lt=SHUTDOWN_TEMP_C, description="temperature the GPU climbs to")
+    ramp_s: float = Field(default=15.0, ge=0, description="seconds from normal to peak")
+
+
+class PowerCap(_Fault):
+    kind: Literal["power_cap"]
+    cap_w: float = Field(default=400.0, ge=100, le=700, description="enforced power limit while active")
+
+
+class SlowRank(_Fault):
+    kind: Literal["slow_rank"]
+    slowdown_pct: float = Field(gt=0, le=500, description="compute time grows by this percentage")
+
+
+class EccDbe(_Fault):
+    kind: Literal["ecc_dbe"]
+
+
+class RowRemapFailure(_Fault):
+    kind: Literal["row_remap_failure"]
+
+
+class NvlinkCrc(_Fault):
+    kind: Literal["nvlink_crc"]
+    rate_per_s: float = Field(default=50.0, gt=0, le=1e6, description="mean CRC errors added per second")
+
+
+class PcieReplay(_Fault):
+    kind: Literal["pcie_replay"]
+    rate_per_s: float = Field(default=5.0, gt=0, le=1e6, description="mean PCIe replays added per second")
+
+
+class GpuLost(_Fault):
+    kind: Literal["gpu_lost"]
+
+
+class Congestion(_Fault):
+    kind: Literal["congestion"]
+    takes_gpu: ClassVar[bool] = False
+    factor: float = Field(default=3.0, gt=1, le=100, description="collective transfer time of the host's jobs x this")
+
+
+class SensorFlap(_Fault):
+    kind: Literal["sensor_flap"]
+    low_c: float = Field(gt=0, lt=SHUTDOWN_TEMP_C, description="reading of the low half-period")
+    high_c: float = Field(gt=0, lt=SHUTDOWN_TEMP_C, description="reading of the high half-period (first)")
+    period_s: float = Field(default=180.0, gt=0, description="seconds of one low + high cycle")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.low_c >= self.high_c:
+            raise ValueError("low_c must be below high_c")
+        return self
+
+
+class HostDown(_Fault):
+    kind: Literal["host_down"]
+    takes_gpu: ClassVar[bool] = False
+
+
+class JobCrash(_Fault):
+    kind: Literal["job_crash"]
+    job_needs_rank: ClassVar[bool] = False
+    takes_gpu: ClassVar[bool] = False
+
+
+class PowerSurge(_Fault):
+    kind: Literal["power_surge"]
+    power_w: float | None = Field(default=None, ge=100, le=700,
+                                  description="power each GPU draws; omitted = 0.97 x its power limit")
+
+
+FaultSpec = Annotated[
+    Union[XidFault, ThermalRunaway, PowerCap, SlowRank, EccDbe, RowRemapFailure, NvlinkCrc, PcieReplay, GpuLost,
+          Congestion, SensorFlap, HostDown, JobCrash, PowerSurge],
+    Field(discriminator="kind"),
+]
+FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultSpec)
+KINDS = ("xid", "thermal_runaway", "power_cap", "slow_rank", "ecc_dbe", "row_remap_failure", "nvlink_crc",
+         "pcie_replay", "gpu_lost", "congestion", "sensor_flap", "host_down", "job_crash", "power_surge")
+HOST_WIDE = frozenset({"congestion", "host_down", "job_crash", "power_surge"})  # generated ones get no random GPU
+NEEDS_JOB = frozenset({"slow_rank", "job_crash"})  # only hosts that run a job can take these
