@@ -1,6 +1,11 @@
 """Throughput on one data set: raw consume+decode (the ceiling), stream worker, sink, and a bare insert.
 
     python bench/throughput.py --hosts 200 --ticks 30 [--out bench/results/throughput.json]
+    python bench/throughput.py --stages all --hosts 256 --ticks 60 --baseline /tmp/before  # whole worker
+
+--stages all runs the whole worker on a simulated fleet (samples, XID, NCCL) and reports records/s per input
+topic from the group's first commit until its lag is 0, beside the raw consume+decode ceiling of those topics;
+--baseline runs another checkout's worker (`git archive <commit> | tar -x -C /tmp/before`) interleaved with it.
 
 Uses KAFKA_BOOTSTRAP_SERVERS when set, else starts the project's local broker in a temporary directory.
 Every stage reads the same simulated samples under one fresh topic prefix; figures are medians over
@@ -14,6 +19,7 @@ import asyncio
 import json
 import os
 import statistics
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,14 +29,15 @@ from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from agents.publisher import Publisher
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.runner import FleetSimulator, simulate
 from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.lag import OffsetWatch
+from fleetpulse.lag import OffsetWatch, per_topic
 from fleetpulse.settings import CommonSettings
 from schemas.tables import TABLES
-from schemas.topics import SAMPLES
+from schemas.topics import NCCL, SAMPLES, XID, Topic
 from sinks import store
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
@@ -49,12 +56,12 @@ async def publish(settings: CommonSettings, hosts: int, ticks: int) -> int:
     return n
 
 
-async def consume_raw(settings: CommonSettings, expected: int) -> tuple[float, list]:
-    """Seconds to fetch and orjson-decode every sample: the ceiling for any consumer of this topic."""
+async def consume_raw(settings: CommonSettings, expected: int, topics: tuple[Topic, ...] = (SAMPLES,)) -> tuple[float, list]:
+    """Seconds to fetch and orjson-decode every record of `topics`: the ceiling for any consumer of them."""
     consumer = AIOKafkaConsumer(**settings.kafka_client_args(), enable_auto_commit=False, max_poll_records=5000,
                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()
-    tps = [TopicPartition(SAMPLES.full(settings.topic_prefix), p) for p in range(SAMPLES.partitions)]
+    tps = [TopicPartition(t.full(settings.topic_prefix), p) for t in topics for p in range(t.partitions)]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)
     decoded, t0 = [], time.perf_counter()
@@ -68,39 +75,62 @@ async def consume_raw(settings: CommonSettings, expected: int) -> tuple[float, l
         await consumer.stop()
 
 
-async def stream_worker(settings: CommonSettings, expected: int, env: dict) -> dict:
-    """Run `fleetpulse streams` until its group has committed every sample; time from first commit."""
+def worker_topics(settings: CommonSettings, stages: str) -> dict[str, int]:
+    """Input topics whose group lag says the worker caught up: samples alone, or every registry input."""
+    chosen = [SAMPLES] if stages == "power_thermal" else [SAMPLES, NCCL, XID]
+    return {t.full(settings.topic_prefix): t.partitions for t in chosen}
+
+
+async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, int], *, stages: str = "power_thermal",
+                        cwd: Path | None = None, profile: Path | None = None) -> dict:
+    """Run `fleetpulse streams` (from `cwd`'s tree when given) until its group has committed every input record.
+
+    Per topic: records left at the group's first commit / seconds from then until the topic's lag is 0.
+    """
     from streams.app import app_id
 
-    proc = subprocess.Popen([sys.executable, "-m", "fleetpulse.cli", "streams"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    watch = OffsetWatch(settings.kafka_client_args(), {SAMPLES.full(settings.topic_prefix): SAMPLES.partitions})
+    cmd = [sys.executable, "-m", "fleetpulse.cli", "streams"]
+    if profile is not None:
+        cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-o", str(profile), "--format", "speedscope",
+               "--rate", "50", "--", *cmd]
+    env = {**env, "FLEETPULSE_STAGES": "" if stages == "all" else stages}
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watch = OffsetWatch(settings.kafka_client_args(), topics)
     await watch.start()
-    group, topics = app_id(settings.topic_prefix), [SAMPLES.full(settings.topic_prefix)]
+    group = app_id(settings.topic_prefix)
+    ends = per_topic(await watch.end_offsets())
+    left, first, caught = dict(ends), None, {}
     started = time.perf_counter()
-    first = None
     try:
         while True:
-            lag = await watch.group_lag(group, topics)
+            try:
+                committed = await watch.admin.list_consumer_group_offsets(group)
+            except KafkaError:
+                committed = {}
             now = time.perf_counter()
-            if lag is None:
-                lag = expected
-            elif first is None and lag < expected:
-                first = (now, expected - lag)
-            if lag == 0 or now - started > 600:
+            left = dict(ends)
+            for tp, meta in committed.items():
+                if tp.topic in left and meta.offset > 0:
+                    left[tp.topic] -= meta.offset
+            if first is None and sum(left.values()) < sum(ends.values()):
+                first = (now, dict(left))
+            caught.update((t, now) for t, n in left.items() if n == 0 and t not in caught)
+            if len(caught) == len(ends) or now - started > 900 or proc.poll() is not None:
                 break
-            await asyncio.sleep(0.25)
-        done = time.perf_counter()
+            await asyncio.sleep(0.2)
     finally:
         await watch.close()
-        proc.terminate()
-        proc.wait(30)
-    if lag:
-        return {"error": f"worker still {lag} behind after 600 s"}
-    counted = expected - first[1]
-    return {"startup_s": round(first[0] - started, 2),
-            "samples_per_s": round(counted / max(done - first[0], 1e-9)) if counted else None,
-            "note": "rate from the first commit on; commits land every few seconds, so short runs understate it"}
+        proc.send_signal(signal.SIGINT if profile is not None else signal.SIGTERM)
+        proc.wait(60)
+    if len(caught) < len(ends):
+        return {"error": f"worker still {left} behind after {time.perf_counter() - started:.0f} s"}
+    rates = {}
+    for topic, n in first[1].items():
+        name = topic.removeprefix(settings.topic_prefix)
+        rates[name] = {"records": ends[topic], "after_first_commit": n,
+                       "per_s": round(n / max(caught[topic] - first[0], 1e-9)) if n else None}
+    return {"startup_s": round(first[0] - started, 2), "seconds": round(max(caught.values()) - first[0], 2),
+            "topics": rates}
 
 
 async def sink(settings: CommonSettings, expected_rows: int) -> dict:
@@ -137,6 +167,54 @@ def bare_insert(client, rows: list[tuple], batch_rows: int, repeat: int) -> dict
     return {"rows_per_s": round(len(rows) / med), "seconds_median": round(med, 3), "repeat": repeat}
 
 
+def namespace(tmp: Path) -> dict:
+    """A fresh topic prefix (so a fresh consumer group and changelogs) with its data directories, as env vars."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}."
+    return {**os.environ, "FLEETPULSE_TOPIC_PREFIX": prefix, "FLEETPULSE_DATA_DIR": str(tmp / prefix / "data"),
+            "FLEETPULSE_CLICKHOUSE_URL": f"chdb://{tmp / prefix / 'chdb'}"}
+
+
+async def worker_runs(args, tmp: Path) -> dict:
+    """The worker on a simulated fleet (samples, XID, NCCL), this tree and --baseline's side by side, interleaved.
+
+    Each run gets a fresh namespace and its own published copy of the same fleet (seed 7); publishing is not timed.
+    """
+    trees = {"after": None} if args.baseline is None else {"before": args.baseline, "after": None}
+    inputs = (SAMPLES, NCCL, XID) if args.stages == "all" else (SAMPLES,)
+    runs: dict[str, list] = {name: [] for name in trees}
+    ceiling = []
+    for k in range(args.repeat):
+        for name in (list(trees) if k % 2 == 0 else list(trees)[::-1]):
+            env = namespace(tmp)
+            os.environ.update(env)
+            settings = CommonSettings()
+            report = await simulate(settings, hosts=args.hosts, duration=args.ticks, speed=0, seed=7,
+                                    start_ts=time.time() - args.ticks, nccl_interval=args.nccl_interval)
+            if len(ceiling) <= k:
+                n = sum(report.sent[t.name] for t in inputs)
+                seconds, _ = await consume_raw(settings, n, inputs)
+                ceiling.append({t.name: report.sent[t.name] / seconds for t in inputs})
+            profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
+            runs[name].append(await stream_worker(settings, env, worker_topics(settings, args.stages),
+                                                  stages=args.stages, cwd=trees[name], profile=profile))
+            print(name, json.dumps(runs[name][-1]), file=sys.stderr)
+
+    def median(rs: list[dict], topic: str) -> float | None:
+        vals = [r["topics"][topic]["per_s"] for r in rs if "topics" in r and r["topics"][topic]["per_s"]]
+        return round(statistics.median(vals)) if vals else None
+
+    out = {"data": {"hosts": args.hosts, "ticks": args.ticks, "nccl_interval": args.nccl_interval,
+                    "sent": report.sent, "stages": args.stages},
+           "raw_consume_decode": {t.name: round(statistics.median(c[t.name] for c in ceiling)) for t in inputs}}
+    for name, rs in runs.items():
+        out[f"stream_worker_{name}"] = {"per_s_median": {t.name: median(rs, t.name) for t in inputs}, "runs": rs}
+    if "before" in runs:
+        out["ratio_after_vs_before"] = {
+            t.name: round(median(runs["after"], t.name) / median(runs["before"], t.name), 2)
+            for t in inputs if median(runs["after"], t.name) and median(runs["before"], t.name)}
+    return out
+
+
 async def main(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="fleetpulse-bench-"))
     broker = None
@@ -145,41 +223,47 @@ async def main(args) -> dict:
 
         broker = LocalKafka(tmp / "data", port=39092)
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = await asyncio.to_thread(broker.start)
-    prefix = f"bench{uuid.uuid4().hex[:6]}."
-    env = {**os.environ, "FLEETPULSE_TOPIC_PREFIX": prefix, "FLEETPULSE_DATA_DIR": str(tmp / "data"),
-           "FLEETPULSE_CLICKHOUSE_URL": f"chdb://{tmp / 'chdb'}"}
-    os.environ.update(env)
-    settings = CommonSettings()
     try:
-        n = await publish(settings, args.hosts, args.ticks)
-        decode_times = []
-        for _ in range(args.repeat):
-            seconds, decoded = await consume_raw(settings, n)
-            decode_times.append(seconds)
-        rows = [r for part, off, rec in decoded for r in TABLES["gpu_samples"].rows(rec, part, off)]
-        raw_s = statistics.median(decode_times)
-        worker = await stream_worker(settings, n, env) if not args.skip_streams else None
-        sink_result, sk = await sink(settings, len(rows))
-        t0 = time.perf_counter()
-        for part, off, rec in decoded:
-            TABLES["gpu_samples"].rows(rec, part, off)
-        rows_s = time.perf_counter() - t0
-        bare = await sk.db(bare_insert, sk.client, rows, 50_000, args.repeat)
-        return {
-            "data": {"hosts": args.hosts, "ticks": args.ticks, "samples": n, "gpu_rows": len(rows),
-                     "mean_sample_bytes": round(sum(len(orjson.dumps(r)) for _, _, r in decoded[:200]) / min(200, n))},
-            "raw_consume_decode": {"samples_per_s": round(n / raw_s), "rows_per_s": round(len(rows) / raw_s),
-                                   "seconds_median": round(raw_s, 3), "repeat": args.repeat},
-            "sink_row_extraction": {"rows_per_s": round(len(rows) / rows_s), "seconds": round(rows_s, 3)},
-            "stream_worker": worker,
-            "sink": sink_result,
-            "bare_clickhouse_insert": bare,
-            "ratios": {"sink_vs_bare_insert": round(sink_result["rows_per_s"] / bare["rows_per_s"], 3),
-                       "sink_vs_raw_decode": round(sink_result["rows_per_s"] / (len(rows) / raw_s), 3)},
-        }
+        if args.stages == "all" or args.baseline is not None:
+            return await worker_runs(args, tmp)
+        return await pipeline(args, tmp)
     finally:
         if broker is not None:
             await asyncio.to_thread(broker.stop)
+
+
+async def pipeline(args, tmp: Path) -> dict:
+    """Samples only: raw decode ceiling, the power_thermal worker, the ClickHouse sink and a bare insert."""
+    env = namespace(tmp)
+    os.environ.update(env)
+    settings = CommonSettings()
+    n = await publish(settings, args.hosts, args.ticks)
+    decode_times = []
+    for _ in range(args.repeat):
+        seconds, decoded = await consume_raw(settings, n)
+        decode_times.append(seconds)
+    rows = [r for part, off, rec in decoded for r in TABLES["gpu_samples"].rows(rec, part, off)]
+    raw_s = statistics.median(decode_times)
+    worker = (await stream_worker(settings, env, worker_topics(settings, "power_thermal"))
+              if not args.skip_streams else None)
+    sink_result, sk = await sink(settings, len(rows))
+    t0 = time.perf_counter()
+    for part, off, rec in decoded:
+        TABLES["gpu_samples"].rows(rec, part, off)
+    rows_s = time.perf_counter() - t0
+    bare = await sk.db(bare_insert, sk.client, rows, 50_000, args.repeat)
+    return {
+        "data": {"hosts": args.hosts, "ticks": args.ticks, "samples": n, "gpu_rows": len(rows),
+                 "mean_sample_bytes": round(sum(len(orjson.dumps(r)) for _, _, r in decoded[:200]) / min(200, n))},
+        "raw_consume_decode": {"samples_per_s": round(n / raw_s), "rows_per_s": round(len(rows) / raw_s),
+                               "seconds_median": round(raw_s, 3), "repeat": args.repeat},
+        "sink_row_extraction": {"rows_per_s": round(len(rows) / rows_s), "seconds": round(rows_s, 3)},
+        "stream_worker": worker,
+        "sink": sink_result,
+        "bare_clickhouse_insert": bare,
+        "ratios": {"sink_vs_bare_insert": round(sink_result["rows_per_s"] / bare["rows_per_s"], 3),
+                   "sink_vs_raw_decode": round(sink_result["rows_per_s"] / (len(rows) / raw_s), 3)},
+    }
 
 
 if __name__ == "__main__":
@@ -188,6 +272,11 @@ if __name__ == "__main__":
     p.add_argument("--ticks", type=int, default=30)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--skip-streams", action="store_true")
+    p.add_argument("--stages", choices=("power_thermal", "all"), default="power_thermal",
+                   help="all: the whole worker on samples, XID and NCCL from the simulator (no sink figures)")
+    p.add_argument("--nccl-interval", type=float, default=1.0, help="simulated seconds between collectives")
+    p.add_argument("--baseline", type=Path, help="another checkout (git archive of a commit) to run side by side")
+    p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at PATH.<tree>.<k>.json")
     p.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     a = p.parse_args()
     result = asyncio.run(main(a))
