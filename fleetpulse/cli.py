@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agents.cli", "run the host agent's collectors and publish"),
     "xid": ("agents.xid_cli", "parse XID/SXid kernel-log lines, or classify one code with the catalog"),
     "streams": ("streams.cli", "run a faust stream worker"),
+    "evaluate": ("fleetpulse.evaluate.cli", "run a scenario through the real pipeline and score it against truth"),
     "breaker": ("fleetpulse.breaker_cli", "show the fleet-wide drain breaker, or reset it after a trip"),
     "sink": ("sinks.cli", "run the ClickHouse sink"),
     "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),

@@ -38,6 +38,7 @@ class Child:
     name: str
     argv: list[str]
     log: Path
+    env: dict[str, str] | None = None  # None = this process's environment
     proc: asyncio.subprocess.Process | None = None
     stdout: bytes = b""
     exited: asyncio.Task | None = None  # the one reader of the child's stdout, shared by every waiter
@@ -47,7 +48,7 @@ class Child:
         # A session of its own: Ctrl-C reaches `up` alone, which then stops the children in order.
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fleetpulse.cli", *self.argv,
-            stdout=asyncio.subprocess.PIPE, stderr=self.log.open("ab"), start_new_session=True,
+            stdout=asyncio.subprocess.PIPE, stderr=self.log.open("ab"), start_new_session=True, env=self.env,
         )
         self.exited = asyncio.create_task(self._collect())
 

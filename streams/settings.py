@@ -11,6 +11,10 @@ from pydantic_settings import NoDecode
 
 from fleetpulse.errors import ConfigError
 from fleetpulse.settings import CommonSettings
+from streams.breaker import BreakerConfig
+from streams.fault_settings import FaultBinConfig
+from streams.health import HealthConfig
+from streams.lifecycle import LifecycleConfig
 
 
 class StreamsSettings(CommonSettings):
@@ -24,6 +28,12 @@ class StreamsSettings(CommonSettings):
     streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
     rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
     rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')
+    # Rule parameters, one JSON object each (FLEETPULSE_LIFECYCLE='{"min_dwell_s": 300}'); unset = the defaults
+    # documented on each model. Unknown keys fail at start-up with the key named.
+    fault_bins: FaultBinConfig = Field(default_factory=FaultBinConfig, description="fault-bin rule parameters")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="health score weights and scales")
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, description="node state machine timings")
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig, description="drain circuit breaker")
 
     @field_validator("stages", mode="before")
     @classmethod

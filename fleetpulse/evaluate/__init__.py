@@ -1,0 +1,1 @@
+"""`fleetpulse evaluate`: scenarios through the real pipeline, scored against the simulator's ground truth."""

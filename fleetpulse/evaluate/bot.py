@@ -1,0 +1,82 @@
+"""A simulated remediation bot: answers drain, repair, validate, undrain and replace requests on simulated time.
+
+A real bot (Kubernetes cordon/drain, Slurm, a bare-metal repair queue) takes minutes to hours per request. This one
+holds each answer until the simulator's clock reaches the request's time plus the action's delay, so the node
+lifecycle sees the same order of events it would in production, only compressed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.analytics import RemediationResult
+
+REPAIR_KINDS = ("reset", "reboot", "inspect", "replace")
+
+
+class BotConfig(BaseModel):
+    """Simulated seconds each action takes [ours: a drain waits for jobs to checkpoint, a reboot plus burn-in takes
+    ten minutes, an inspection half an hour]; validation reports the bandwidth a healthy node measures."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    drain_s: float = Field(default=60.0, ge=0)
+    repair_s: dict[str, float] = Field(default_factory=lambda: {"reset": 120.0, "reboot": 600.0, "inspect": 1800.0})
+    validate_s: float = Field(default=300.0, ge=0)
+    replace_s: float = Field(default=3600.0, ge=0)
+    undrain_s: float = Field(default=5.0, ge=0)
+    busbw_gbs: float = Field(default=45.0, gt=0, description="all-reduce bus bandwidth a repaired node measures")
+
+
+def _repair_kind(event: Mapping) -> str:
+    """The repair the lifecycle asked for: its reason starts with the kind ('reboot: fault xid:79 ...')."""
+    head = str(event.get("reason", "")).split(":", 1)[0].strip()
+    return head if head in REPAIR_KINDS else "inspect"
+
+
+class SimulatedBot:
+    """Collects drain events as they arrive and releases each answer once simulated time passes its due time."""
+
+    def __init__(self, config: BotConfig | None = None):
+        self.config = config or BotConfig()
+        self._due: list[tuple[float, int, RemediationResult]] = []
+        self._order = itertools.count()
+        self.answered: dict[str, int] = {}
+
+    def delay(self, event: Mapping) -> float:
+        c, action = self.config, event["action"]
+        if action == "repair":
+            return c.repair_s.get(_repair_kind(event), c.repair_s.get("inspect", 1800.0))
+        return {"drain": c.drain_s, "validate": c.validate_s, "replace": c.replace_s}.get(action, c.undrain_s)
+
+    def receive(self, event: Mapping) -> None:
+        """Queue the answer to one DrainEvent (as decoded from fleet.drain.events)."""
+        due = float(event["ts"]) + self.delay(event)
+        measurements: dict[str, float] = {}
+        detail = f"simulated {event['action']} done"
+        if event["action"] == "validate":
+            req = event.get("requirements") or {}
+            measurements = {"dcgm_diag_level": float(req.get("dcgm_diag_level", 3.0)),
+                            "nccl_busbw_gbs": max(self.config.busbw_gbs, float(req.get("nccl_busbw_min_gbs", 0.0)))}
+            detail = f"dcgm diag r{int(measurements['dcgm_diag_level'])} pass, all-reduce busbw " \
+                     f"{measurements['nccl_busbw_gbs']:g} GB/s"
+        result = RemediationResult(event_id=event["event_id"], host=event["host"], action=event["action"], ok=True,
+                                   ts=due, detail=detail, measurements=measurements)
+        heapq.heappush(self._due, (due, next(self._order), result))
+
+    def due(self, now: float) -> list[RemediationResult]:
+        """Answers whose simulated time has come, oldest first."""
+        out = []
+        while self._due and self._due[0][0] <= now:
+            result = heapq.heappop(self._due)[2]
+            self.answered[result.action] = self.answered.get(result.action, 0) + 1
+            out.append(result)
+        return out
+
+    @property
+    def waiting(self) -> int:
+        return len(self._due)

@@ -1,0 +1,257 @@
+"""Run one scenario through the real pipeline, faster than real time, and score it against its ground truth.
+
+Pieces, all real: the Kafka broker (the configured cluster, or the local one started on demand), the stream worker
+as a child process (`fleetpulse streams`, every stage), the ClickHouse sink in this process writing to a database of
+its own, the simulator publishing ticks, and a simulated remediation bot answering drain events. Every run uses a
+topic prefix and a database of its own, so runs never see each other's records.
+
+Pace: the simulator publishes a tick as soon as the stream worker has less than `max_lag` records left to consume,
+so simulated time runs as fast as the pipeline can follow and wall-clock latencies measure the pipeline, not a
+backlog the simulator built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents.publisher import Publisher
+from agents.simulator.runner import FleetSimulator
+from agents.simulator.scenario import Scenario
+from fleetpulse.broker import ensure_broker
+from fleetpulse.errors import FleetpulseError
+from fleetpulse.evaluate import collect
+from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
+from fleetpulse.kafka_admin import ensure_topics
+from fleetpulse.lag import OffsetWatch
+from fleetpulse.settings import CommonSettings, load
+from fleetpulse.stack import Child
+from schemas.codec import decode
+from schemas.tables import TABLE_BY_TOPIC
+from schemas.topics import DRAIN, NCCL, REMEDIATION, SAMPLES, TOPICS, TRUTH, XID
+from sinks.cli import run_sink
+from sinks.runner import ClickHouseSink
+from sinks.settings import SinkSettings
+
+
+@dataclass
+class Plan:
+    """What to run: the scenario (overrides applied) and how."""
+
+    scenario: Scenario
+    hosts: int
+    duration_s: float
+    interval_s: float
+    nccl_interval_s: float
+    seed: int = 0
+    max_lag: int | None = None  # records the worker may trail by; None = two ticks of records, at least 2,000
+    kill_worker_at: float | None = None  # simulated seconds: SIGKILL the worker there and start a new one
+    settle_s: float = 120.0  # longest wait for the worker and sink to finish after the last tick
+    streams_env: dict[str, str] = field(default_factory=dict)  # FLEETPULSE_* for the worker (rule parameters)
+    bot: BotConfig = field(default_factory=BotConfig)
+
+    def lag_limit(self, tick_records: int) -> int:
+        """faust commits every few seconds, so the committed lag moves in steps: two ticks' worth keeps the worker
+        busy without letting a backlog build."""
+        return self.max_lag if self.max_lag is not None else max(2_000, 2 * tick_records)
+
+
+class Progress:
+    """One status line on stderr every few seconds while the run goes."""
+
+    def __init__(self, every_s: float = 5.0, quiet: bool = False):
+        self.every_s, self.quiet, self._last = every_s, quiet, 0.0
+
+    def say(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.quiet and (force or now - self._last >= self.every_s):
+            self._last = now
+            print(f"evaluate: {text}", file=sys.stderr, flush=True)
+
+
+class Evaluation:
+    """One run: start the parts, publish the scenario, let the pipeline settle, stop, collect and score."""
+
+    def __init__(self, settings: CommonSettings, plan: Plan, *, progress: Progress | None = None):
+        self.plan = plan
+        self.tag = f"{plan.scenario.name.replace('-', '_').replace('.', '_')}_{secrets.token_hex(3)}"
+        self.settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}eval-{self.tag}."})
+        self.database = f"eval_{self.tag}"
+        self.progress = progress or Progress()
+        self.bot = SimulatedBot(plan.bot)
+        self.worker: Child | None = None
+        self.restarts = 0
+        self.logs = settings.data_dir / "evaluate" / self.tag
+        self.timings: dict[str, float] = {}
+
+    @property
+    def app_id(self) -> str:
+        from streams.app import app_id
+
+        return app_id(self.settings.topic_prefix)
+
+    def _worker_env(self) -> dict[str, str]:
+        budgets = dict(getattr(getattr(self.plan.scenario, "fleet", None), "rack_budgets_w", None) or {})
+        env = {**os.environ, "FLEETPULSE_TOPIC_PREFIX": self.settings.topic_prefix,
+               "FLEETPULSE_DATA_DIR": str(self.logs / "worker"), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2",
+               **self.plan.streams_env}
+        if budgets:
+            env["FLEETPULSE_RACK_BUDGETS_W"] = json.dumps(budgets)
+        return env
+
+    async def _start_worker(self) -> None:
+        self.worker = Child("streams", ["streams"], self.logs / "streams.log", env=self._worker_env())
+        await self.worker.start()
+
+    async def run(self) -> dict:
+        p, s = self.plan, self.settings
+        wall0 = time.monotonic()
+        await asyncio.to_thread(ensure_broker, s)
+        await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix)
+        sink_settings = load(SinkSettings, **{**s.model_dump(include=set(CommonSettings.model_fields)),
+                                              "clickhouse_database": self.database, "sink_serve_queries": False,
+                                              "sink_batch_max_seconds": 0.5})
+        sink = ClickHouseSink(sink_settings)
+        stop_sink = asyncio.Event()
+        sink_task = asyncio.create_task(run_sink(sink, stop_sink))
+        await self._start_worker()
+        from streams.registry import select
+
+        stream_inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.inputs})
+        watch = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
+        await watch.start()
+        drains = asyncio.create_task(self._follow_drains())
+        self.progress.say(f"run {self.tag}: {p.hosts} hosts, {p.duration_s:g} s simulated at {p.interval_s:g} s "
+                          f"ticks; topics {s.topic_prefix}*, database {self.database}; logs {self.logs}", force=True)
+        try:
+            sim = await self._publish(watch, stream_inputs)
+            self.timings["publish_wall_s"] = round(time.monotonic() - wall0, 1)
+            await self._settle(watch, stream_inputs, sink_settings.sink_group_id)
+        finally:
+            drains.cancel()
+            if self.worker is not None:
+                self.timings["worker_exit"] = await self.worker.stop()
+            stop_sink.set()
+            await asyncio.wait_for(sink_task, 120)
+            await watch.close()
+        self.timings["total_wall_s"] = round(time.monotonic() - wall0, 1)
+        rows = await asyncio.to_thread(collect.rows, sink_settings)
+        rows["usable_compute"] = await collect.usable_compute(s, f"{self.app_id}-lifecycle-usable_compute")
+        return collect.report(self, sim, rows, sink)
+
+    async def _publish(self, watch: OffsetWatch, stream_inputs: list[str]) -> dict:
+        """Publish every tick (with the bot's answers that came due) as fast as the worker follows."""
+        p, s = self.plan, self.settings
+        sim = FleetSimulator(p.hosts, seed=p.seed, scenario=p.scenario, interval=p.interval_s,
+                             nccl_interval=p.nccl_interval_s, start_ts=float(int(time.time())))
+        ticks = max(1, round(p.duration_s / p.interval_s))
+        stats = {"start_ts": sim.start_ts, "ticks": 0, "truth": [], "gpu_readings": 0, "max_lag": 0,
+                 "lag_waits_s": 0.0, "run_id": sim.run_id, "fleet_gpus": sim.fleet.n_gpus}
+        async with Publisher(s, client_id=f"fleetpulse-evaluate-{self.tag}") as pub:
+            for k in range(ticks):
+                tick = sim.step()
+                if p.kill_worker_at is not None and self.restarts == 0 and tick.ts - sim.start_ts >= p.kill_worker_at:
+                    await self._kill_worker(pub)
+                await pub.send_many(TRUTH, tick.truth)
+                await pub.send_many(XID, tick.xid)
+                await pub.send_many(SAMPLES, tick.samples)
+                await pub.send_many(NCCL, tick.nccl)
+                for result in self.bot.due(tick.ts):
+                    await pub.send(REMEDIATION, result)
+                await pub.flush()
+                stats["ticks"] += 1
+                stats["truth"] += tick.truth
+                stats["gpu_readings"] += sum(len(x["gpus"]) for x in tick.samples)
+                stats["end_ts"] = tick.ts
+                stats["lag_limit"] = p.lag_limit(len(tick.samples) + len(tick.xid) + len(tick.nccl))
+                lag = await self._hold(watch, stream_inputs, stats)
+                self.progress.say(f"t={tick.ts - sim.start_ts:.0f}/{p.duration_s:g} s simulated, "
+                                  f"{len(stats['truth'])} faults injected, worker {lag} records behind, "
+                                  f"{self.bot.waiting} bot answers pending")
+            stats["sent"] = dict(pub.sent)
+        return stats
+
+    async def _hold(self, watch: OffsetWatch, stream_inputs: list[str], stats: dict) -> int | None:
+        """Wait while the worker trails by more than the lag limit (or has not joined yet); at most 120 s."""
+        began = time.monotonic()
+        while True:
+            lag = await watch.group_lag(self.app_id, stream_inputs)
+            if lag is not None:
+                stats["max_lag"] = max(stats["max_lag"], lag)
+            if lag is not None and lag <= stats["lag_limit"]:
+                break
+            if not self.worker.running:
+                raise FleetpulseError(f"the stream worker exited ({self.worker.proc.returncode}); see {self.logs}")
+            if time.monotonic() - began > 120:
+                self.progress.say(f"worker still {lag} records behind after 120 s; publishing on", force=True)
+                break
+            await asyncio.sleep(0.2)
+        stats["lag_waits_s"] += time.monotonic() - began
+        return lag
+
+    async def _kill_worker(self, pub: Publisher) -> None:
+        """Kill -9 mid-scenario (no clean shutdown, no final commit) and start a fresh worker on the same group."""
+        await pub.flush()
+        self.worker.proc.send_signal(signal.SIGKILL)
+        await self.worker.wait()
+        self.restarts += 1
+        self.progress.say("stream worker killed (SIGKILL); starting a new one", force=True)
+        await self._start_worker()
+
+    async def _follow_drains(self) -> None:
+        """Feed every drain event to the simulated bot (the bot answers on simulated time, in _publish)."""
+        consumer = AIOKafkaConsumer(**self.settings.kafka_client_args(), enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            topic = DRAIN.full(self.settings.topic_prefix)
+            consumer.assign([TopicPartition(topic, i) for i in range(DRAIN.partitions)])
+            async for record in consumer:
+                self.bot.receive(decode(record.value))
+        finally:
+            await consumer.stop()
+
+    async def _settle(self, watch: OffsetWatch, stream_inputs: list[str], sink_group: str) -> None:
+        """After the last tick: the worker consumes everything, its outputs go quiet, the sink stores all of it."""
+        s, deadline = self.settings, time.monotonic() + self.plan.settle_s
+        outputs = [t.full(s.topic_prefix) for t in TOPICS.values()]
+        quiet_since, last_ends = time.monotonic(), None
+        while time.monotonic() < deadline:
+            lag = await watch.group_lag(self.app_id, stream_inputs)
+            ends = {tp.topic: o for tp, o in (await watch.end_offsets()).items() if tp.topic in outputs}
+            if ends != last_ends:
+                quiet_since, last_ends = time.monotonic(), ends
+            self.progress.say(f"settling: worker {lag} records behind, outputs quiet for "
+                              f"{time.monotonic() - quiet_since:.0f} s")
+            if lag == 0 and time.monotonic() - quiet_since >= 5.0:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            self.progress.say(f"worker did not settle within {self.plan.settle_s:g} s; scoring what arrived",
+                              force=True)
+        sink_topics = [tb.topic.full(s.topic_prefix) for tb in TABLE_BY_TOPIC.values()]
+        group = s.topic_prefix + sink_group
+        deadline = time.monotonic() + self.plan.settle_s
+        while time.monotonic() < deadline:
+            lag = await watch.group_lag(group, sink_topics)
+            self.progress.say(f"settling: sink {lag} records behind")
+            if lag == 0:
+                return
+            await asyncio.sleep(0.5)
+        raise FleetpulseError(f"the sink did not store everything within {self.plan.settle_s:g} s")
+
+
+def write_report(report: dict, path: Path | None) -> None:
+    text = json.dumps(report, indent=2, default=str)
+    if path is not None:
+        path.write_text(text + "\n")
+    print(text)

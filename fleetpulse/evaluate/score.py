@@ -1,0 +1,317 @@
+"""Scoring a run against its ground truth: pure functions over the rows the pipeline wrote (no Kafka, no store).
+
+Each injected fault (a `sim_truth` row) names the signals a detector should raise in `expected`. A signal matches
+a truth when it is on the same host (and GPU, or job and rank, where the truth names one) and starts within the
+truth's window: from its injection (less `early_s`) to its end (or the run's end) plus `grace_s`. From the matches:
+
+- recall per fault kind: injected faults with at least one detection token (`fault:*`, `alert:*`, `straggler`)
+  that got a matching signal, over those that have such a token (the rest are reported as not observable);
+- precision per fault kind: signals of the kind's tokens that match some truth expecting them, over all such
+  signals in the run (an unmatched signal is a false positive);
+- detection latency from injection to the first matching signal, in simulated seconds (event time) and in wall
+  seconds (Kafka timestamps: publish of the injection -> publish of the signal);
+- drains: expected (`drain` token) vs drain requests on the host within the window; a drain request no hardware
+  fault expecting it explains is a false drain.
+
+Rows are dicts with the table's columns; times are epoch seconds (floats), `kafka_ts` included.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+THERMAL_ALERTS = frozenset({"GpuTempHigh", "GpuTempSlowdown", "GpuTempNearShutdown", "GpuHwThermalSlowdown",
+                            "GpuSwThermalSlowdown", "GpuHwSlowdown"})
+RACK_ALERTS = frozenset({"RackPowerOverBudget"})
+BREAKER_ALERT = "FleetDrainBreakerOpen"
+DETECTION_PREFIXES = ("fault:", "alert:", "straggler")
+OUT_OF_SERVICE = frozenset({"drain_requested", "drained", "repairing", "validating", "replace"})
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How far around a truth's [start, end] a signal still counts as its detection (simulated seconds)."""
+
+    early_s: float = 1.0
+    grace_s: float = 300.0
+
+
+@dataclass
+class Signal:
+    """One detection the pipeline published, reduced to what matching needs."""
+
+    token: str
+    host: str
+    ts: float
+    kafka_ts: float
+    gpu_index: int | None = None
+    job: str | None = None
+    rank: int | None = None
+    rack: str = ""
+    ident: str = ""
+    matched: bool = False
+
+
+@dataclass
+class Run:
+    """What scoring needs besides the rows: the simulated span and the fleet's size."""
+
+    start_ts: float
+    end_ts: float
+    hosts: int
+    gpus: int
+    dwell_s: float = 600.0
+    breaker_cap: int | None = None
+    breaker_window_s: float = 900.0
+
+
+@dataclass
+class Outcome:
+    """Per-truth result of matching."""
+
+    truth: Mapping
+    detected: dict[str, Signal] = field(default_factory=dict)  # token -> first matching signal
+    drain: Signal | None = None
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "p50": None, "p95": None, "max": None}
+    a = np.asarray(values, dtype=float)
+    return {"n": int(a.size), "p50": round(float(np.percentile(a, 50)), 3),
+            "p95": round(float(np.percentile(a, 95)), 3), "max": round(float(a.max()), 3)}
+
+
+def signals(faults: Iterable[Mapping], alerts: Iterable[Mapping], stragglers: Iterable[Mapping],
+            drains: Iterable[Mapping]) -> list[Signal]:
+    """Every detection as a Signal: fault events by code, firing alerts by class, flagged ranks, drain requests."""
+    out: list[Signal] = []
+    for f in faults:
+        out.append(Signal(f"fault:{f['code']}", f["host"], float(f["first_ts"]), float(f["kafka_ts"]),
+                          f.get("gpu_index"), ident=f"{f['fault_id']} bin={f['bin']}"))
+    for a in alerts:
+        if a["status"] != "firing":
+            continue
+        token = "alert:thermal" if a["alertname"] in THERMAL_ALERTS else \
+            "alert:rack_power" if a["alertname"] in RACK_ALERTS else f"alert:{a['alertname']}"
+        out.append(Signal(token, a.get("host") or "", float(a["starts_at"]), float(a["kafka_ts"]), a.get("gpu_index"),
+                          rack=a.get("rack") or "", ident=f"{a['alertname']}/{a['fingerprint']}"))
+    seen: set[tuple] = set()
+    for s in sorted(stragglers, key=lambda r: r["ts"]):
+        if s["flagged"] and (s["job"], s["rank"]) not in seen:  # the first flag of each rank is the detection
+            seen.add((s["job"], s["rank"]))
+            out.append(Signal("straggler", s["host"], float(s["ts"]), float(s["kafka_ts"]), s.get("gpu_index"),
+                              job=s["job"], rank=int(s["rank"]), ident=f"{s['job']}#{s['rank']}"))
+    for d in drains:
+        if d["action"] == "drain":
+            out.append(Signal("drain", d["host"], float(d["ts"]), float(d["kafka_ts"]), ident=d["event_id"]))
+    return out
+
+
+def _window(t: Mapping, run: Run, w: Windows) -> tuple[float, float]:
+    end = t.get("end_ts")
+    return float(t["ts"]) - w.early_s, (float(end) if end else run.end_ts) + w.grace_s
+
+
+def _fits(sig: Signal, t: Mapping) -> bool:
+    """Same place: the rack for rack alerts, the job and rank for stragglers, else the host (and GPU if named)."""
+    if sig.token == "alert:rack_power":
+        return sig.rack == t.get("rack")
+    if sig.token == "straggler" and t.get("job") is not None and t.get("rank") is not None:
+        return sig.job == t["job"] and sig.rank == t["rank"]
+    if sig.host != t["host"]:
+        return False
+    g = t.get("gpu_index")
+    return g is None or sig.gpu_index is None or sig.gpu_index == g
+
+
+def match(truth: Sequence[Mapping], sigs: Sequence[Signal], run: Run, w: Windows = Windows()) -> list[Outcome]:
+    """Pair each truth with the first signal of each expected token; mark every signal that explains a truth."""
+    by_token: dict[str, list[Signal]] = defaultdict(list)
+    for s in sorted(sigs, key=lambda s: s.ts):
+        by_token[s.token].append(s)
+    outcomes = []
+    for t in sorted(truth, key=lambda t: t["ts"]):
+        o = Outcome(t)
+        lo, hi = _window(t, run, w)
+        for token in {*t["expected"]}:
+            hits = [s for s in by_token.get(token, ()) if lo <= s.ts <= hi and _fits(s, t)]
+            for s in hits:
+                s.matched = True
+            if hits:
+                if token == "drain":
+                    o.drain = hits[0]
+                else:
+                    o.detected[token] = hits[0]
+        outcomes.append(o)
+    return outcomes
+
+
+def _detection_tokens(t: Mapping) -> list[str]:
+    return [e for e in t["expected"] if e.startswith(DETECTION_PREFIXES)]
+
+
+def per_kind(outcomes: Sequence[Outcome], sigs: Sequence[Signal], injected_at: Mapping[str, float]) -> dict:
+    """Recall, precision, latencies and drains for each fault kind."""
+    kinds: dict[str, list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        kinds[o.truth["kind"]].append(o)
+    out = {}
+    for kind, group in sorted(kinds.items()):
+        tokens = {tok for o in group for tok in _detection_tokens(o.truth)}
+        observable = [o for o in group if _detection_tokens(o.truth)]
+        detected = [o for o in observable if o.detected]
+        sim, wall = [], []
+        for o in detected:
+            first = min(o.detected.values(), key=lambda s: s.ts)
+            sim.append(first.ts - float(o.truth["ts"]))
+            wall.append(first.kafka_ts - injected_at[o.truth["fault_id"]])
+        mine = [s for s in sigs if s.token in tokens]
+        true_pos = sum(s.matched for s in mine)
+        expect_drain = [o for o in group if "drain" in o.truth["expected"]]
+        drained = [o for o in expect_drain if o.drain is not None]
+        row = {
+            "injected": len(group), "hardware": sum(bool(o.truth["hardware"]) for o in group),
+            "observable": len(observable), "detected": len(detected),
+            "recall": round(len(detected) / len(observable), 4) if observable else None,
+            "precision": round(true_pos / len(mine), 4) if mine else None,
+            "false_positives": len(mine) - true_pos,
+            "tokens": sorted(tokens),
+            "missed": [o.truth["fault_id"] for o in observable if not o.detected][:20],
+            "latency_sim_s": quantiles(sim), "latency_wall_s": quantiles(wall),
+            "drain": {
+                "expected": len(expect_drain), "requested": len(drained),
+                "recall": round(len(drained) / len(expect_drain), 4) if expect_drain else None,
+                "latency_sim_s": quantiles([o.drain.ts - float(o.truth["ts"]) for o in drained]),
+                "latency_wall_s": quantiles([o.drain.kafka_ts - injected_at[o.truth["fault_id"]] for o in drained]),
+            },
+        }
+        causes = sorted({o.truth.get("cause") or "" for o in group} - {""})
+        if causes:
+            row["causes"] = causes
+        out[kind] = row
+    return out
+
+
+def drains(outcomes: Sequence[Outcome], sigs: Sequence[Signal], truth: Sequence[Mapping], run: Run,
+           w: Windows = Windows()) -> dict:
+    """Every drain request judged: explained by a hardware fault expecting a drain, or false (and whose)."""
+    requests = [s for s in sigs if s.token == "drain"]
+    false = [s for s in requests if not s.matched]
+    software = [t for t in truth if not t["hardware"]]
+    sw_drained = set()
+    for t in software:  # a drain on the host of a software fault, while no hardware fault explains it
+        lo, hi = _window(t, run, w)
+        if any(s.host == t["host"] and lo <= s.ts <= hi for s in false):
+            sw_drained.add(t["fault_id"])
+    hw = [o for o in outcomes if o.truth["hardware"] and "drain" in o.truth["expected"]]
+    return {
+        "requested": len(requests), "hosts": len({s.host for s in requests}),
+        "true": len(requests) - len(false), "false": len(false),
+        "false_hosts": sorted({s.host for s in false})[:50],
+        "hardware_expected": len(hw), "hardware_drained": sum(o.drain is not None for o in hw),
+        "software_faults": len(software), "software_drained": len(sw_drained),
+        "software_false_drain_rate": round(len(sw_drained) / len(software), 4) if software else None,
+    }
+
+
+def hardware_recall(outcomes: Sequence[Outcome]) -> dict:
+    """Hardware-attributable faults (hardware and a signal on the host a detector can see) detected."""
+    hw = [o for o in outcomes if o.truth["hardware"]]
+    visible = [o for o in hw if _detection_tokens(o.truth)]
+    found = [o for o in visible if o.detected]
+    hidden = defaultdict(int)
+    for o in hw:
+        if not _detection_tokens(o.truth):
+            hidden[o.truth.get("cause") or o.truth["kind"]] += 1
+    return {"hardware_faults": len(hw), "attributable": len(visible), "detected": len(found),
+            "recall": round(len(found) / len(visible), 4) if visible else None,
+            "not_visible_to_gpu_telemetry": dict(sorted(hidden.items()))}
+
+
+SOFT = frozenset({"healthy", "suspect"})
+
+
+def _most_within(ts: np.ndarray, span: float) -> int:
+    """The most timestamps (sorted) inside any window of `span` seconds that starts at one of them."""
+    return int(max((np.searchsorted(ts, t + span, side="left") - i for i, t in enumerate(ts)), default=0))
+
+
+def transitions(states: Sequence[Mapping], run: Run) -> dict:
+    """State changes per node; the most within any dwell window, all of them and the health-driven ones alone
+    (healthy <-> suspect: the ones hysteresis and dwell must hold down; the repair loop moves on the bots' answers);
+    and breaks in each node's chain of states (a transition whose prev_state is not the state last published, as a
+    restarted worker that forgot its nodes would publish)."""
+    by_host: dict[str, list[Mapping]] = defaultdict(list)
+    for s in sorted(states, key=lambda s: (s["kafka_partition"], s["kafka_offset"])):
+        by_host[s["host"]].append(s)
+    per_node, most, most_soft, breaks = {}, 0, 0, []
+    for host, rows in by_host.items():
+        per_node[host] = len(rows)
+        most = max(most, _most_within(np.array([float(r["ts"]) for r in rows]), run.dwell_s))
+        soft = [float(r["ts"]) for r in rows if r["state"] in SOFT and (r.get("prev_state") or "healthy") in SOFT]
+        most_soft = max(most_soft, _most_within(np.array(soft), run.dwell_s))
+        prev = "healthy"
+        for r in rows:
+            if (r.get("prev_state") or "healthy") != prev:
+                breaks.append(f"{host}: {r.get('prev_state')} after {prev}")
+            prev = r["state"]
+    counts = sorted(per_node.values())
+    by_state: dict[str, int] = defaultdict(int)
+    for s in states:
+        by_state[s["state"]] += 1
+    return {"total": len(states), "nodes": len(per_node), "per_node_max": counts[-1] if counts else 0,
+            "per_node_median": float(np.median(counts)) if counts else 0.0, "dwell_s": run.dwell_s,
+            "max_changes_per_dwell": most, "max_health_changes_per_dwell": most_soft,
+            "into": dict(sorted(by_state.items())), "chain_breaks": len(breaks), "chain_break_examples": breaks[:10]}
+
+
+def breaker(alerts: Sequence[Mapping], sigs: Sequence[Signal], run: Run) -> dict:
+    """Trips (breaker alerts firing) and the most drains requested within any breaker window, against the cap."""
+    trips = [a for a in alerts if a["alertname"] == BREAKER_ALERT and a["status"] == "firing"]
+    most = _most_within(np.sort(np.array([s.ts for s in sigs if s.token == "drain"], dtype=float)),
+                        run.breaker_window_s)
+    return {"trips": len(trips), "first_trip_ts": min((float(a["starts_at"]) for a in trips), default=None),
+            "max_drains_in_window": most, "window_s": run.breaker_window_s, "cap": run.breaker_cap,
+            "within_cap": run.breaker_cap is None or most <= run.breaker_cap}
+
+
+def stragglers(outcomes: Sequence[Outcome], sigs: Sequence[Signal]) -> dict:
+    """Which ranks were flagged: the injected ones (and how soon after onset) and any other."""
+    flagged = [s for s in sigs if s.token == "straggler"]
+    others = sorted({s.ident for s in flagged if not s.matched})
+    onset = [s.ts - float(o.truth["ts"]) for o in outcomes for tok, s in o.detected.items() if tok == "straggler"]
+    expected = sum("straggler" in o.truth["expected"] for o in outcomes)
+    return {"expected": expected, "flagged_expected": len(onset), "flag_after_onset_s": quantiles(onset),
+            "other_ranks_flagged": len(others), "other_ranks": others[:20]}
+
+
+def usable_compute(minutes: Sequence[Mapping], truth: Sequence[Mapping], run: Run) -> dict:
+    """Measured usable compute per minute against truth: the share of GPUs not on a host with an active
+    hardware fault that should take it out (a `drain` token), per minute of the run in which every node had
+    reported (earlier minutes cover part of the fleet and are only counted)."""
+    if not minutes:
+        return {"minutes": 0}
+    measured, expected, partial = [], [], 0
+    for m in sorted(minutes, key=lambda m: m["minute_ts"]):
+        t0 = float(m["minute_ts"])
+        if not run.start_ts <= t0 < run.end_ts:
+            continue
+        if m.get("nodes", run.hosts) < run.hosts:
+            partial += 1  # the lifecycle has not heard from every node yet: not the fleet's figure
+            continue
+        out_hosts = {t["host"] for t in truth if "drain" in t["expected"] and t["hardware"]
+                     and float(t["ts"]) <= t0 + 60 and (not t.get("end_ts") or float(t["end_ts"]) > t0)}
+        measured.append(float(m["usable_compute"]))
+        expected.append(1.0 - len(out_hosts) / max(run.hosts, 1))
+    if not measured:
+        return {"minutes": 0, "minutes_partial": partial}
+    a, b = np.array(measured), np.array(expected)
+    last = max(minutes, key=lambda m: m["minute_ts"])
+    return {"minutes": len(measured), "minutes_partial": partial, "measured_mean": round(float(a.mean()), 4),
+            "truth_mean": round(float(b.mean()), 4), "mean_abs_error": round(float(np.abs(a - b).mean()), 4),
+            "measured_min": round(float(a.min()), 4), "last_breakdown": last.get("breakdown", {})}

@@ -1,0 +1,128 @@
+"""Scoring against truth on hand-built rows: what counts as a detection, a false positive, a false drain."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetpulse.evaluate import score
+
+T0 = 1_700_000_000.0
+RUN = score.Run(start_ts=T0, end_ts=T0 + 600, hosts=10, gpus=80, dwell_s=600, breaker_cap=3, breaker_window_s=900)
+
+
+def truth(fid, kind, host, ts, *, gpu=None, expected=(), hardware=True, end=None, job=None, rank=None, rack="r0"):
+    return {"fault_id": fid, "kind": kind, "cause": "", "host": host, "rack": rack, "gpu_index": gpu, "job": job,
+            "rank": rank, "ts": T0 + ts, "end_ts": None if end is None else T0 + end, "hardware": hardware,
+            "expected": list(expected), "kafka_ts": 5000.0 + ts}
+
+
+def fault(host, gpu, code, ts, kafka_ts, bin_="reboot"):
+    return {"fault_id": f"{host}/{gpu}/{code}/{ts}", "host": host, "gpu_index": gpu, "code": code, "bin": bin_,
+            "first_ts": T0 + ts, "kafka_ts": kafka_ts}
+
+
+def drain(host, ts, kafka_ts):
+    return {"event_id": f"{host}:1:drain", "host": host, "action": "drain", "ts": T0 + ts, "kafka_ts": kafka_ts}
+
+
+def test_xid_fault_and_drain_matched_with_latencies_and_a_false_positive_counted():
+    t = [truth("f1", "xid79", "h1", 100, gpu=3, expected=["fault:xid:79", "bin:reboot", "drain"])]
+    faults = [fault("h1", 3, "xid:79", 100, 5100.4), fault("h2", 0, "xid:79", 50, 5050.0)]  # h2: nothing injected
+    sigs = score.signals(faults, [], [], [drain("h1", 100.2, 5100.9)])
+    outcomes = score.match(t, sigs, RUN)
+    kinds = score.per_kind(outcomes, sigs, {"f1": 5100.0})
+    row = kinds["xid79"]
+    assert (row["observable"], row["detected"], row["recall"]) == (1, 1, 1.0)
+    assert row["precision"] == 0.5 and row["false_positives"] == 1
+    assert row["latency_sim_s"]["p50"] == 0.0
+    assert row["latency_wall_s"]["p50"] == pytest.approx(0.4)
+    assert row["drain"]["requested"] == 1 and row["drain"]["latency_wall_s"]["p95"] == pytest.approx(0.9)
+    assert score.drains(outcomes, sigs, t, RUN)["false"] == 0
+
+
+def test_a_signal_on_another_gpu_or_outside_the_window_is_no_detection():
+    t = [truth("f1", "ecc_dbe", "h1", 100, gpu=2, end=200, expected=["fault:ecc_dbe", "drain"])]
+    faults = [fault("h1", 5, "ecc_dbe", 110, 1.0), fault("h1", 2, "ecc_dbe", 200 + 301, 2.0)]
+    sigs = score.signals(faults, [], [], [])
+    outcomes = score.match(t, sigs, RUN)
+    assert outcomes[0].detected == {}
+    row = score.per_kind(outcomes, sigs, {"f1": 0.0})["ecc_dbe"]
+    assert row["recall"] == 0.0 and row["missed"] == ["f1"] and row["drain"]["recall"] == 0.0
+
+
+def test_software_fault_drained_counts_as_false_drain_and_hardware_recall_excludes_invisible_causes():
+    t = [truth("sw", "xid13", "h3", 10, gpu=0, expected=["fault:xid:13"], hardware=False),
+         truth("psu", "host_down", "h4", 10, expected=[]),
+         truth("hbm", "ecc_dbe", "h5", 10, gpu=1, expected=["fault:ecc_dbe", "drain"])]
+    faults = [fault("h3", 0, "xid:13", 10, 1.0, "retry"), fault("h5", 1, "ecc_dbe", 11, 1.0, "reset")]
+    sigs = score.signals(faults, [], [], [drain("h3", 12, 2.0), drain("h5", 11, 2.0)])
+    outcomes = score.match(t, sigs, RUN)
+    d = score.drains(outcomes, sigs, t, RUN)
+    assert (d["true"], d["false"], d["false_hosts"]) == (1, 1, ["h3"])
+    assert (d["software_faults"], d["software_drained"], d["software_false_drain_rate"]) == (1, 1, 1.0)
+    hw = score.hardware_recall(outcomes)
+    assert (hw["hardware_faults"], hw["attributable"], hw["detected"], hw["recall"]) == (2, 1, 1, 1.0)
+    assert hw["not_visible_to_gpu_telemetry"] == {"host_down": 1}
+
+
+def test_stragglers_match_by_job_and_rank_and_other_flagged_ranks_are_listed():
+    t = [truth("s", "slow_rank", "h0", 120, gpu=5, job="job-0000", rank=517, expected=["straggler"])]
+    flags = [{"job": "job-0000", "rank": 517, "host": "h0", "gpu_index": 5, "flagged": True, "ts": T0 + 215,
+              "kafka_ts": 9.0},
+             {"job": "job-0000", "rank": 517, "host": "h0", "gpu_index": 5, "flagged": True, "ts": T0 + 245,
+              "kafka_ts": 9.5},
+             {"job": "job-0000", "rank": 3, "host": "h9", "gpu_index": 3, "flagged": True, "ts": T0 + 300,
+              "kafka_ts": 10.0}]
+    sigs = score.signals([], [], flags, [])
+    outcomes = score.match(t, sigs, RUN)
+    s = score.stragglers(outcomes, sigs)
+    assert s["flagged_expected"] == 1 and s["flag_after_onset_s"]["p50"] == 95.0
+    assert s["other_ranks_flagged"] == 1 and s["other_ranks"] == ["job-0000#3"]
+
+
+def test_rack_alert_matches_by_rack_and_thermal_alerts_by_gpu():
+    t = [truth("r", "power_surge", "h0", 60, end=360, expected=["alert:rack_power"], rack="rack-000"),
+         truth("th", "thermal_runaway", "h1", 30, gpu=3, end=120, expected=["alert:thermal"])]
+    alerts = [{"alertname": "RackPowerOverBudget", "fingerprint": "a", "status": "firing", "host": "", "rack":
+               "rack-000", "gpu_index": None, "starts_at": T0 + 75, "kafka_ts": 1.0},
+              {"alertname": "GpuTempSlowdown", "fingerprint": "b", "status": "firing", "host": "h1", "rack": "r0",
+               "gpu_index": 3, "starts_at": T0 + 50, "kafka_ts": 1.0},
+              {"alertname": "GpuTempSlowdown", "fingerprint": "b", "status": "resolved", "host": "h1", "rack": "r0",
+               "gpu_index": 3, "starts_at": T0 + 50, "kafka_ts": 2.0}]
+    sigs = score.signals([], alerts, [], [])
+    kinds = score.per_kind(score.match(t, sigs, RUN), sigs, {"r": 0.0, "th": 0.0})
+    assert kinds["power_surge"]["recall"] == 1.0 and kinds["power_surge"]["latency_sim_s"]["p50"] == 15.0
+    assert kinds["thermal_runaway"]["recall"] == 1.0 and kinds["thermal_runaway"]["precision"] == 1.0
+
+
+def test_transitions_count_changes_per_dwell_and_chain_breaks():
+    rows = [{"host": "h1", "state": s, "prev_state": p, "ts": T0 + ts, "kafka_partition": 0, "kafka_offset": i}
+            for i, (s, p, ts) in enumerate([("suspect", "healthy", 100), ("healthy", "suspect", 800),
+                                            ("suspect", "healthy", 1500), ("drain_requested", "healthy", 1600)])]
+    got = score.transitions(rows, RUN)
+    assert got["total"] == 4 and got["per_node_max"] == 4
+    assert got["max_changes_per_dwell"] == 2  # 1500 and 1600 fall in one 600 s window
+    assert got["max_health_changes_per_dwell"] == 1  # drain_requested is no health-driven change
+    assert got["chain_breaks"] == 1 and "healthy after suspect" in got["chain_break_examples"][0]
+
+
+def test_breaker_counts_trips_and_the_most_drains_in_a_window_against_the_cap():
+    alerts = [{"alertname": "FleetDrainBreakerOpen", "fingerprint": "x", "status": "firing", "host": "", "rack": "",
+               "gpu_index": None, "starts_at": T0 + 121, "kafka_ts": 1.0}]
+    sigs = score.signals([], alerts, [], [drain(f"h{i}", 120 + i, 1.0) for i in range(3)] + [drain("h9", 2000, 2.0)])
+    b = score.breaker(alerts, sigs, RUN)
+    assert (b["trips"], b["max_drains_in_window"], b["cap"], b["within_cap"]) == (1, 3, 3, True)
+
+
+def test_usable_compute_against_truth_counts_hosts_with_an_active_drain_worthy_hardware_fault():
+    t = [truth("a", "gpu_lost", "h1", 0, gpu=0, end=300, expected=["drain"])]
+    minutes = [{"minute_ts": T0 + 60 * m, "nodes": 10, "usable_compute": 0.9, "breakdown": {}} for m in range(10)]
+    minutes[0]["nodes"] = 4  # not every node reported yet: counted, not scored
+    got = score.usable_compute(minutes, t, RUN)
+    assert (got["minutes"], got["minutes_partial"]) == (9, 1)
+    assert got["truth_mean"] == pytest.approx((4 * 0.9 + 5 * 1.0) / 9, abs=1e-4)  # minutes 60-240 lack h1
+    assert got["mean_abs_error"] == pytest.approx(5 * 0.1 / 9, abs=1e-4)
+
+
+def test_quantiles_of_nothing_are_none():
+    assert score.quantiles([]) == {"n": 0, "p50": None, "p95": None, "max": None}
