@@ -25,6 +25,9 @@ class Rule:
     """One alert: `signal` >= limit * scale + offset (or a throttle bit set) for dwell_s fires it.
 
     It resolves once the signal stays below threshold - margin (margin x limit when relative) for resolve_s.
+    Flap damping: an alert that fires again within flap_window_s of resolving doubles its resolve hold for each such
+    return (up to max_hold_factor x resolve_s), so a sensor oscillating around a threshold keeps one alert firing
+    instead of paging every cycle (Prometheus' keep_firing_for, made adaptive like BGP route-flap damping) [ours].
     """
 
     alertname: str
@@ -39,6 +42,11 @@ class Rule:
     dwell_s: float = 30.0
     resolve_s: float = 60.0
     what: str = ""
+    flap_window_s: float = 1800.0
+    max_hold_factor: int = 16
+
+    def resolve_hold(self, flaps: int) -> float:
+        return self.resolve_s * min(2 ** flaps, self.max_hold_factor)
 
 
 DEFAULT_RULES = (
@@ -73,22 +81,32 @@ class Config:
 
 @dataclass(frozen=True)
 class AlertState:
-    """Where one (subject, alertname) stands: pending_since counts toward the opposite status."""
+    """Where one (subject, alertname) stands: pending_since counts toward the opposite status; flaps counts the
+    returns within the flap window that lengthen the resolve hold, resolved_at when it last resolved."""
 
     pending_since: float | None = None
     firing: bool = False
     starts_at: float = 0.0
     last_value: float = math.nan
     last_ts: float = 0.0
+    flaps: int = 0
+    resolved_at: float = 0.0
 
     def to_json(self) -> list:
         value = None if math.isnan(self.last_value) else self.last_value
-        return [self.pending_since, self.firing, self.starts_at, value, self.last_ts]
+        return [self.pending_since, self.firing, self.starts_at, value, self.last_ts, self.flaps, self.resolved_at]
 
     @classmethod
     def from_json(cls, raw: list) -> AlertState:
-        pending, firing, starts_at, value, last_ts = raw
-        return cls(pending, bool(firing), starts_at, math.nan if value is None else value, last_ts)
+        pending, firing, starts_at, value, last_ts, *damping = raw  # records from before flap damping have 5
+        flaps, resolved_at = damping or (0, 0.0)
+        return cls(pending, bool(firing), starts_at, math.nan if value is None else value, last_ts, int(flaps),
+                   resolved_at)
+
+    def worth_keeping(self, ts: float, rule: Rule) -> bool:
+        """Firing, pending, or resolved recently enough that a return would count as a flap."""
+        return self.firing or self.pending_since is not None or (
+            self.resolved_at > 0 and ts - self.resolved_at <= rule.flap_window_s)
 
 
 @dataclass(frozen=True)
@@ -138,16 +156,19 @@ def step(st: AlertState, ts: float, value: float, on: bool, off: bool, rule: Rul
     if pending is not None and ts - st.last_ts > max_gap_s:
         pending = None  # an unobserved gap does not count toward a dwell
     event = None
-    firing, starts_at = st.firing, st.starts_at
+    firing, starts_at, flaps, resolved_at = st.firing, st.starts_at, st.flaps, st.resolved_at
     if not firing:
         pending = (ts if pending is None else pending) if on else None
         if pending is not None and ts - pending >= rule.dwell_s:
             firing, starts_at, pending, event = True, pending, None, "firing"
+            returned = resolved_at > 0 and starts_at - resolved_at <= rule.flap_window_s
+            flaps = flaps + 1 if returned else 0
     else:
         pending = (ts if pending is None else pending) if off else None
-        if pending is not None and ts - pending >= rule.resolve_s:
-            firing, pending, event = False, None, "resolved"
-    return AlertState(pending, firing, starts_at, value, ts), event
+        if pending is not None and ts - pending >= rule.resolve_hold(flaps):
+            firing, pending, event, resolved_at = False, None, "resolved", ts
+    return AlertState(pending, firing, starts_at, value, ts, flaps, resolved_at), event
+
 
 
 def check_sample(obj) -> dict:
@@ -230,7 +251,7 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
             st, event = step(prior or AlertState(), s["ts"], float(value[r]), bool(on[r]), bool(off[r]), rule,
                              config.max_gap_s)
             kept = {k: v for k, v in cur.alerts.items() if k != key}
-            if st.firing or st.pending_since is not None:
+            if st.worth_keeping(s["ts"], rule):
                 kept[key] = st
             new[host] = replace(cur, alerts=kept)
             if event:
@@ -246,8 +267,8 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
 def _gpu_alert(rule: Rule, event: str, st: AlertState, s: dict, g: dict, threshold: float, below: float) -> Alert:
     idx, host, value = g["index"], s["host"], st.last_value
     evidence = {f: float(g[f]) for f in (*FIELDS, "throttle_reasons") if g.get(f) is not None}
-    evidence.update(threshold=threshold, resolve_below=below, dwell_s=rule.dwell_s, resolve_s=rule.resolve_s,
-                    seq=float(s.get("seq", 0)))
+    evidence.update(threshold=threshold, resolve_below=below, dwell_s=rule.dwell_s,
+                    resolve_s=rule.resolve_hold(st.flaps), flaps=float(st.flaps), seq=float(s.get("seq", 0)))
     if rule.bit:
         shown = f"throttle reasons 0x{g['throttle_reasons']:x}, bit 0x{rule.bit:x} {'set' if value else 'clear'}"
     else:

@@ -74,7 +74,7 @@ def evaluate_racks(reports: Sequence[RackReport], state: Mapping[str, RackState]
             if prior is not None and rep.ts <= prior.last_ts:
                 continue
             st, event = step(prior or AlertState(), rep.ts, total, on, off, rule, config.max_gap_s)
-            if st.firing or st.pending_since is not None:
+            if st.worth_keeping(rep.ts, rule):
                 kept[rule.alertname] = st
             else:
                 kept.pop(rule.alertname, None)
@@ -88,7 +88,8 @@ def _rack_alert(rule: Rule, event: str, st: AlertState, rep: RackReport, hosts: 
                 threshold: float, below: float, complete: bool) -> Alert:
     evidence = {f"power_w.{h}": v[1] for h, v in sorted(hosts.items())}
     evidence.update(rack_power_w=st.last_value, budget_w=budget, threshold=threshold, resolve_below=below,
-                    hosts=float(len(hosts)), complete=float(complete), dwell_s=rule.dwell_s, resolve_s=rule.resolve_s)
+                    hosts=float(len(hosts)), complete=float(complete), dwell_s=rule.dwell_s,
+                    resolve_s=rule.resolve_hold(st.flaps), flaps=float(st.flaps))
     verb = "since" if event == "firing" else "resolved; started"
     return Alert(
         fingerprint=fingerprint(rule.alertname, rack=rep.rack), status=event, alertname=rule.alertname,

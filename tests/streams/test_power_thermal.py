@@ -58,7 +58,30 @@ def test_no_refire_while_firing_and_one_resolve():
     assert named(alerts, "GpuTempSlowdown") == [("firing", 1015.0), ("resolved", 1000.0 + 5 * 52)]
     resolved = [a for a in alerts if a.alertname == "GpuTempSlowdown"][1]
     assert resolved.ends_at == resolved.ts and resolved.starts_at == 1000.0
-    assert "0/GpuTempSlowdown" not in state["h1"].alerts  # resolved state is dropped; the watermark stays
+    kept = state["h1"].alerts["0/GpuTempSlowdown"]  # kept for the flap window: a return would count as a flap
+    assert (kept.firing, kept.pending_since, kept.resolved_at, kept.flaps) == (False, None, 1260.0, 0)
+
+
+def test_a_sensor_flapping_across_the_threshold_keeps_one_alert_firing():
+    # 90 s at 90 C, 90 s at 84 C, for an hour (the flapping scenario): without damping every cycle pages.
+    temps = ([90] * 18 + [84] * 18) * 20
+    alerts, state = run(temps_series("h1", temps))
+    slow = [a for a in alerts if a.alertname == "GpuTempSlowdown"]
+    # fires, resolves after 60 s cool, fires again within the flap window -> the hold doubles to 120 s > 90 s cool
+    assert [a.status for a in slow] == ["firing", "resolved", "firing"]
+    assert slow[2].evidence["flaps"] == 1.0 and slow[2].evidence["resolve_s"] == 120.0
+    assert state["h1"].alerts["0/GpuTempSlowdown"].firing
+    # once the sensor settles below the margin, the longer hold runs out and the alert resolves for good
+    alerts, state = run(temps_series("h1", temps + [80] * 30))
+    assert [a.status for a in alerts if a.alertname == "GpuTempSlowdown"] == ["firing", "resolved", "firing",
+                                                                             "resolved"]
+
+
+def test_flap_memory_expires_after_the_window():
+    temps = [90] * 18 + [84] * 400 + [90] * 18  # 2,000 s apart: a new episode, not a flap
+    alerts, state = run(temps_series("h1", temps))
+    slow = [a for a in alerts if a.alertname == "GpuTempSlowdown"]
+    assert [a.status for a in slow] == ["firing", "resolved", "firing"] and slow[2].evidence["flaps"] == 0.0
 
 
 def test_hysteresis_resolves_only_below_threshold_minus_margin():

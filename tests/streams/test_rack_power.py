@@ -50,7 +50,7 @@ def test_rack_over_budget_fires_after_dwell_and_resolves_with_hysteresis():
     assert over[0].fingerprint == over[1].fingerprint == fingerprint("RackPowerOverBudget", rack="r1")
     # Near (>= 9 kW): resolves only below 8.7 kW, i.e. once h2 dropped too (1105).
     assert named(alerts, "RackPowerNearBudget") == [("firing", 1_065.0), ("resolved", 1_225.0)]
-    assert state["r1"].alerts == {}
+    assert not any(st.firing or st.pending_since for st in state["r1"].alerts.values())  # only flap memory left
 
 
 def test_unknown_gpu_power_is_a_lower_bound_that_fires_but_never_resolves():
