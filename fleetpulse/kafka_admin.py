@@ -59,3 +59,18 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeou
         if time.monotonic() > deadline:
             raise BrokerError(f"topics without leaders after {timeout:.0f}s: {', '.join(pending[:5])}")
         await asyncio.sleep(0.1)
+
+
+async def delete_prefixed(client_args: dict, prefix: str) -> list[str]:
+    """Delete every topic whose name starts with `prefix` (an evaluation run's namespace); returns their names."""
+    if not prefix:
+        raise ValueError("refusing to delete topics without a prefix")
+    admin = AIOKafkaAdminClient(**client_args)
+    await admin.start()
+    try:
+        names = sorted(t for t in await admin.list_topics() if t.startswith(prefix))
+        if names:
+            await admin.delete_topics(names)
+        return names
+    finally:
+        await admin.close()

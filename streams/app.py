@@ -75,6 +75,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
         topic_disable_leader=True,  # no leader topic: no stage uses leader-only timers
         consumer_auto_offset_reset="earliest",
         processing_guarantee="at_least_once",
+        broker_commit_interval=s.streams_commit_interval_s,
         web_enabled=s.streams_web_port is not None,
         web_port=s.streams_web_port or 6066,
         datadir=str(datadir),

@@ -24,6 +24,8 @@ class StreamsSettings(CommonSettings):
         default=None, description="comma-separated stage names (streams/registry.py); default all")
     streams_batch_max: int = Field(default=500, ge=1, le=100_000, description="records per stage batch at most")
     streams_batch_within_s: float = Field(default=1.0, gt=0, le=60, description="longest wait to fill a batch")
+    streams_commit_interval_s: float = Field(default=2.8, gt=0, le=60, description="how often offsets commit "
+                                             "(faust's default; lag seen from outside is this stale)")
     streams_web_port: int | None = Field(default=None, ge=1024, le=65535, description="faust web; unset = off")
     streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
     rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')

@@ -18,10 +18,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "(faults.0.slowdown_pct=20, fleet.hosts=256, run.duration_s=600); repeatable")
     p.add_argument("--seed", type=int, default=None, help="simulator seed (default: the scenario's, else 0)")
     p.add_argument("--max-lag", type=int, default=None,
-                   help="records the stream worker may trail by before the simulator waits (default 2 ticks)")
+                   help="records the stream worker may still owe when the next tick goes out "
+                        "(default: a quarter tick, at least 200)")
+    p.add_argument("--speed", type=float, default=None,
+                   help="at most this many simulated seconds per wall second (1 = a real fleet's pace); "
+                        "default 0: as fast as the worker follows")
     p.add_argument("--kill-worker-at", type=float, default=None, metavar="SECONDS",
                    help="kill -9 the stream worker at this simulated time and start a new one")
     p.add_argument("--settle", type=float, default=120.0, help="seconds to wait for the pipeline after the last tick")
+    p.add_argument("--keep-topics", action="store_true",
+                   help="keep the run's Kafka topics (default: deleted once scored; the database always stays)")
     p.add_argument("--output", type=Path, default=None, help="also write the report to this file")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -29,7 +35,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = load(CommonSettings)
     plan = plan_from(args.scenario, args.overrides, seed=args.seed, max_lag=args.max_lag,
-                     kill_worker_at=args.kill_worker_at, settle_s=args.settle)
+                     kill_worker_at=args.kill_worker_at, settle_s=args.settle, speed=args.speed,
+                     keep_topics=args.keep_topics or None)
     report = asyncio.run(Evaluation(settings, plan, progress=Progress(quiet=args.quiet)).run())
     write_report(report, args.output)
     return 0

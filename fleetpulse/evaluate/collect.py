@@ -118,6 +118,8 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
             "nccl_timings": {"sent": sent.get("fleet.telemetry.nccl", 0), "stored": counts.get("nccl_timings")},
             "truth": {"sent": len(sim["truth"]), "stored": counts.get("sim_truth")},
             "dead_letters": {t: st.dead_letters for t, st in sink.stats.tables.items() if st.dead_letters},
+            # at-least-once: a worker that dies re-emits what it had not committed, under the same stable id
+            "fault_events": {"rows": len(got["faults"]), "distinct_ids": len({f["fault_id"] for f in got["faults"]})},
             "stored": counts,
         },
         "fault_kinds": score.per_kind(outcomes, sigs, injected_at),
@@ -128,6 +130,7 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
         "stragglers": score.stragglers(outcomes, sigs),
         "transitions": score.transitions(got["states"], run),
         "breaker": score.breaker(got["alerts"], sigs, run),
+        "alerts": score.alert_counts(got["alerts"]),
         "remediation": {"answered": dict(ev.bot.answered), "unanswered_at_end": ev.bot.waiting},
         "usable_compute": score.usable_compute(got["usable_compute"], truth, run),
     }

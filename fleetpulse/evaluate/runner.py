@@ -31,7 +31,7 @@ from fleetpulse.broker import ensure_broker
 from fleetpulse.errors import FleetpulseError
 from fleetpulse.evaluate import collect
 from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
-from fleetpulse.kafka_admin import ensure_topics
+from fleetpulse.kafka_admin import delete_prefixed, ensure_topics
 from fleetpulse.lag import OffsetWatch
 from fleetpulse.settings import CommonSettings, load
 from fleetpulse.stack import Child
@@ -53,16 +53,18 @@ class Plan:
     interval_s: float
     nccl_interval_s: float
     seed: int = 0
-    max_lag: int | None = None  # records the worker may trail by; None = two ticks of records, at least 2,000
+    max_lag: int | None = None  # records the worker may trail by; None = a quarter tick, at least 200
     kill_worker_at: float | None = None  # simulated seconds: SIGKILL the worker there and start a new one
     settle_s: float = 120.0  # longest wait for the worker and sink to finish after the last tick
+    speed: float = 0.0  # at most this many simulated seconds per wall second; 0 = as fast as the worker follows
+    keep_topics: bool = False  # the run's topics are deleted once scored (its database stays)
     streams_env: dict[str, str] = field(default_factory=dict)  # FLEETPULSE_* for the worker (rule parameters)
     bot: BotConfig = field(default_factory=BotConfig)
 
     def lag_limit(self, tick_records: int) -> int:
-        """faust commits every few seconds, so the committed lag moves in steps: two ticks' worth keeps the worker
-        busy without letting a backlog build."""
-        return self.max_lag if self.max_lag is not None else max(2_000, 2 * tick_records)
+        """The next tick goes out once the worker is through most of the last one: its XID lines then meet a
+        nearly idle pipeline, as they would at a real fleet's pace, and latencies measure hops, not a queue."""
+        return self.max_lag if self.max_lag is not None else max(200, tick_records // 4)
 
 
 class Progress:
@@ -103,6 +105,7 @@ class Evaluation:
         budgets = dict(getattr(getattr(self.plan.scenario, "fleet", None), "rack_budgets_w", None) or {})
         env = {**os.environ, "FLEETPULSE_TOPIC_PREFIX": self.settings.topic_prefix,
                "FLEETPULSE_DATA_DIR": str(self.logs / "worker"), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2",
+               "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": "0.5",  # lag seen by the pacing is at most this stale
                **self.plan.streams_env}
         if budgets:
             env["FLEETPULSE_RACK_BUDGETS_W"] = json.dumps(budgets)
@@ -146,6 +149,9 @@ class Evaluation:
         self.timings["total_wall_s"] = round(time.monotonic() - wall0, 1)
         rows = await asyncio.to_thread(collect.rows, sink_settings)
         rows["usable_compute"] = await collect.usable_compute(s, f"{self.app_id}-lifecycle-usable_compute")
+        if not p.keep_topics:
+            deleted = await delete_prefixed(s.kafka_client_args(), s.topic_prefix)
+            self.progress.say(f"deleted the run's {len(deleted)} topics; its rows stay in {self.database}", force=True)
         return collect.report(self, sim, rows, sink)
 
     async def _publish(self, watch: OffsetWatch, stream_inputs: list[str]) -> dict:
@@ -156,8 +162,11 @@ class Evaluation:
         ticks = max(1, round(p.duration_s / p.interval_s))
         stats = {"start_ts": sim.start_ts, "ticks": 0, "truth": [], "gpu_readings": 0, "max_lag": 0,
                  "lag_waits_s": 0.0, "run_id": sim.run_id, "fleet_gpus": sim.fleet.n_gpus}
+        wall0 = time.monotonic()
         async with Publisher(s, client_id=f"fleetpulse-evaluate-{self.tag}") as pub:
             for k in range(ticks):
+                if p.speed > 0:  # a real fleet's pace (speed 1) or a multiple of it
+                    await asyncio.sleep(max(0.0, wall0 + k * p.interval_s / p.speed - time.monotonic()))
                 tick = sim.step()
                 if p.kill_worker_at is not None and self.restarts == 0 and tick.ts - sim.start_ts >= p.kill_worker_at:
                     await self._kill_worker(pub)

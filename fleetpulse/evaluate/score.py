@@ -280,6 +280,14 @@ def breaker(alerts: Sequence[Mapping], sigs: Sequence[Signal], run: Run) -> dict
             "within_cap": run.breaker_cap is None or most <= run.breaker_cap}
 
 
+def alert_counts(alerts: Iterable[Mapping]) -> dict:
+    """Alerts by name and status: how noisy the run was for whoever is paged."""
+    out: dict[str, dict[str, int]] = {"firing": defaultdict(int), "resolved": defaultdict(int)}
+    for a in alerts:
+        out[a["status"]][a["alertname"]] += 1
+    return {status: dict(sorted(by_name.items())) for status, by_name in out.items()}
+
+
 def stragglers(outcomes: Sequence[Outcome], sigs: Sequence[Signal]) -> dict:
     """Which ranks were flagged: the injected ones (and how soon after onset) and any other."""
     flagged = [s for s in sigs if s.token == "straggler"]

@@ -126,3 +126,9 @@ def test_usable_compute_against_truth_counts_hosts_with_an_active_drain_worthy_h
 
 def test_quantiles_of_nothing_are_none():
     assert score.quantiles([]) == {"n": 0, "p50": None, "p95": None, "max": None}
+
+
+def test_alert_counts_by_status_and_name():
+    rows = [{"alertname": "A", "status": "firing"}, {"alertname": "A", "status": "resolved"},
+            {"alertname": "B", "status": "firing"}, {"alertname": "A", "status": "firing"}]
+    assert score.alert_counts(rows) == {"firing": {"A": 2, "B": 1}, "resolved": {"A": 1}}
