@@ -83,6 +83,8 @@ class ClickHouseSink:
     async def open_store(self) -> None:
         self.client = await self.db(store.connect, self.settings)
         await self.db(store.apply_schema, self.client, self.settings)
+        for stmt in await self.db(store.add_missing_columns, self.client, self.settings.clickhouse_database):
+            log.warning("schema migration: %s", stmt)
         drift = await self.db(store.schema_drift, self.client, self.settings.clickhouse_database)
         if drift:
             raise StoreError("live tables differ from the schemas: " + "; ".join(drift))

@@ -47,6 +47,34 @@ def apply_schema(client: Client, settings: CommonSettings) -> None:
             raise as_store_error(exc, f"DDL failed: {stmt.splitlines()[0]}") from exc
 
 
+def add_missing_columns(client: Client, database: str) -> list[str]:
+    """The one migration applied by itself: columns the schemas gained since a table was created are added in
+    their place (old rows read the type's default). Returns the statements run; any other difference (a type, a
+    codec, a dropped or reordered column) is left for schema_drift to refuse."""
+    rows = client.query("SELECT table, name FROM system.columns WHERE database = {db:String}",
+                        parameters={"db": database}).result_rows
+    live: dict[str, set[str]] = {}
+    for table, name in rows:
+        live.setdefault(table, set()).add(name)
+    applied = []
+    for table in TABLES.values():
+        have = live.get(table.name)
+        if not have:
+            continue
+        prev = None
+        for col in table.columns:
+            if col.name not in have:
+                stmt = (f"ALTER TABLE {database}.{table.name} ADD COLUMN IF NOT EXISTS {col.ddl()} "
+                        + (f"AFTER `{prev}`" if prev else "FIRST"))
+                try:
+                    client.command(stmt)
+                except Exception as exc:
+                    raise as_store_error(exc, f"migration failed: {stmt}") from exc
+                applied.append(stmt)
+            prev = col.name
+    return applied
+
+
 def schema_drift(client: Client, database: str) -> list[str]:
     """Differences between the live tables and the generated DDL; empty when they match."""
     rows = client.query(

@@ -121,10 +121,21 @@ async def test_poison_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(s
     assert all(facts["source_topic"] == SAMPLES.full(settings.topic_prefix) for facts, _ in letters)
 
 
+async def test_a_column_the_schemas_gained_is_added_to_an_old_table_in_its_place(settings):
+    client = store.connect(settings)
+    store.apply_schema(client, settings)
+    client.command("ALTER TABLE sim_truth DROP COLUMN cause")  # a store from before InjectedFault.cause
+    client.command("ALTER TABLE gpu_samples DROP COLUMN hbm_temp_c")
+    sink = ClickHouseSink(settings)
+    await sink.open_store()
+    assert store.schema_drift(client, settings.clickhouse_database) == []
+    assert store.add_missing_columns(client, settings.clickhouse_database) == []  # nothing left to add
+
+
 async def test_live_table_drift_stops_the_sink_at_start(settings):
     client = store.connect(settings)
     store.apply_schema(client, settings)
-    client.command("ALTER TABLE gpu_samples DROP COLUMN hbm_temp_c")
+    client.command("ALTER TABLE gpu_samples MODIFY COLUMN hbm_temp_c Nullable(Float32)")
     from fleetpulse.errors import StoreError
 
     with pytest.raises(StoreError, match="gpu_samples"):
