@@ -29,9 +29,11 @@ SELECT
     (SELECT count() FROM (SELECT fingerprint FROM alerts GROUP BY fingerprint HAVING argMax(status, ts) = 'firing')) AS firing,
     (SELECT uniqExact(host, gpu_index) FROM gpu_samples) AS installed,
     (SELECT uniqExact(host, gpu_index) FROM gpu_samples
-      WHERE ts > now_ts - INTERVAL 10 SECOND AND (host, toNullable(gpu_index)) NOT IN (SELECT host, gpu_index FROM firing)) AS usable
+      WHERE ts > now_ts - INTERVAL 10 SECOND AND (host, toNullable(gpu_index)) NOT IN (SELECT host, gpu_index FROM firing)) AS usable,
+    (SELECT count() FROM usable_compute) AS lifecycle_minutes,
+    (SELECT toInt64(round(argMax(usable_compute, minute_ts) * 1e6)) FROM usable_compute) AS lifecycle_usable_ppm
 """
-FACT_NAMES = ("alert_messages", "firing", "installed", "usable")
+FACT_NAMES = ("alert_messages", "firing", "installed", "usable", "lifecycle_minutes", "lifecycle_usable_ppm")
 
 
 def _get_json(url: str) -> dict | None:
@@ -90,11 +92,16 @@ class StackView:
         self.prev = (now, ends)
         tables = ((facts.get("sink") or {}).get("tables")) or {}
         installed = int(facts.get("installed") or 0)
+        # The lifecycle's per-minute figure once it reports one (drained, gated, straggler and throttle losses);
+        # until then, or without the stream worker, GPUs seen in the last 10 s without a critical alert.
+        if facts.get("lifecycle_minutes"):
+            usable = facts["lifecycle_usable_ppm"] / 1e6
+        else:
+            usable = (int(facts.get("usable") or 0) / installed) if installed else None
         self.last = {
             "messages": ends, "rates": rates, "rows": {n: t["rows"] for n, t in tables.items()},
             "dead_letters": sum(t["dead_letters"] for t in tables.values()),
-            "alerts_firing": facts.get("firing"), "usable_compute": (int(facts.get("usable") or 0) / installed) if installed else None,
-            "installed_gpus": installed,
+            "alerts_firing": facts.get("firing"), "usable_compute": usable, "installed_gpus": installed,
         }
         if self.live is not None:
             self.live.update(self._render())

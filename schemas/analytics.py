@@ -164,6 +164,21 @@ class RemediationResult(_Derived):
     measurements: dict[str, float] = Field(default_factory=dict)
 
 
+class UsableCompute(_Derived):
+    """The fleet's usable compute for one minute: schedulable GPUs x performance factor / installed GPUs, and where
+    the rest went (shares of installed GPUs, and the same in GPUs)."""
+
+    scope: str = Field(default="fleet", json_schema_extra=LC, description="what the figure covers")
+    minute_ts: float = Field(gt=0, json_schema_extra=TS, description="start of the minute")
+    nodes: int = Field(ge=0, description="nodes the lifecycle has heard from")
+    installed_gpus: float = Field(ge=0)
+    schedulable_gpus: float
+    usable_gpus: float
+    usable_compute: float = Field(description="usable GPUs / installed GPUs")
+    breakdown: dict[str, float] = Field(default_factory=dict, description="share of installed GPUs per bucket")
+    breakdown_gpus: dict[str, float] = Field(default_factory=dict, description="GPUs per bucket")
+
+
 class InjectedFault(_Derived):
     """Simulator ground truth: what was injected where and when, so detection can be scored."""
 

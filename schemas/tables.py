@@ -122,6 +122,8 @@ TABLES: dict[str, Table] = {
         _flat("node_states", t.NODE_STATE, ("host", "ts"), 365),
         _flat("drain_events", t.DRAIN, ("host", "ts"), 365),
         _flat("remediation_results", t.REMEDIATION, ("host", "ts"), 365),
+        Table("usable_compute", t.USABLE, _fields(t.USABLE.model), ("scope", "minute_ts"), 365,
+              time_column="minute_ts"),
         _flat("sim_truth", t.TRUTH, ("run_id", "ts", "host"), 365),
     ]
 }

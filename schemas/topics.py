@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from schemas.analytics import (
     Alert, DrainEvent, FaultEvent, HealthScore, InjectedFault, NodeState, RemediationResult, StragglerScore,
+    UsableCompute,
 )
 from schemas.events import NcclTiming, XidEvent
 from schemas.telemetry import HostSample
@@ -55,6 +56,8 @@ _TOPICS = [
     Topic("fleet.node.state", "host", NodeState, 8, -1, compacted=True, description="node lifecycle state"),
     Topic("fleet.drain.events", "host", DrainEvent, 8, 30 * DAY_MS, description="drain/repair/validate requests"),
     Topic("fleet.remediation.results", "host", RemediationResult, 8, 30 * DAY_MS, description="remediation bot results"),
+    Topic("fleet.usable_compute", "scope", UsableCompute, 1, 365 * DAY_MS,
+          description="usable compute per minute, with its breakdown"),
     Topic("fleet.sim.truth", "host", InjectedFault, 1, 30 * DAY_MS, description="simulator ground truth"),
 ]
 
@@ -70,6 +73,7 @@ ALERTS = TOPICS["fleet.alerts"]
 NODE_STATE = TOPICS["fleet.node.state"]
 DRAIN = TOPICS["fleet.drain.events"]
 REMEDIATION = TOPICS["fleet.remediation.results"]
+USABLE = TOPICS["fleet.usable_compute"]
 TRUTH = TOPICS["fleet.sim.truth"]
 
 

@@ -13,7 +13,7 @@ from faust.types import EventT
 
 from fleetpulse.errors import DecodeError
 from schemas.codec import decode, encode
-from schemas.topics import ALERTS, DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION
+from schemas.topics import ALERTS, DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION, USABLE
 from streams import lifecycle as lc
 from streams.breaker import Breaker, add_busbw, breaker_config, decide, reset
 from streams.emit import refuse as refuse_record
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 #   sees every drain: it admits or denies each proposal (the circuit breaker) and answers on the decisions topic (the
 #   node then requests the drain itself, so a bot's answer can never overtake the node's own state), publishes the
 #   breaker alert, takes `fleetpulse breaker reset` commands, and reports usable compute per minute on
-#   `<app id>-lifecycle-usable_compute`.
+#   fleet.usable_compute.
 COMPONENT = "streams.lifecycle"
 FLEET_KEY = b"fleet"
 HANDLERS = {"health": lc.on_health, "fault": lc.on_fault, "result": lc.on_result, "decision": lc.on_decision}
@@ -83,14 +83,13 @@ def wire(app: faust.App, ctx: StageContext) -> list:
     cfg, bcfg, p = lc.lifecycle_config(s), breaker_config(s), s.topic_prefix
     raw = dict(key_serializer="raw", value_serializer="raw")
     fleet_name, decisions = fleet_topic(app.conf.id), f"{app.conf.id}-lifecycle-decisions"
-    usable_name = f"{app.conf.id}-lifecycle-usable_compute"
+    usable_name = USABLE.full(p)
     names = {HEALTH.full(p): "health", FAULTS.full(p): "fault", REMEDIATION.full(p): "result", decisions: "decision"}
     dlq = {"health": HEALTH.dlq(p), "fault": FAULTS.dlq(p), "result": REMEDIATION.dlq(p), "decision": DRAIN.dlq(p),
            "fleet": DRAIN.dlq(p)}  # our own internal records: their refusals go with the drain events
     state_topic, drain_topic, alerts_topic = NODE_STATE.full(p), DRAIN.full(p), ALERTS.full(p)
     source = app.topic(*names, internal=True, partitions=HEALTH.partitions, replicas=s.streams_replication, **raw)
     fleet_in = app.topic(fleet_name, internal=True, partitions=1, replicas=s.streams_replication, **raw)
-    usable_out = app.topic(usable_name, internal=True, partitions=1, replicas=s.streams_replication, **raw)
     nodes = app.Table("lifecycle-nodes", partitions=HEALTH.partitions, help="per-node lifecycle record (by host)")
     fleet = app.Table("lifecycle-fleet", partitions=1, help="breaker, decisions, usable-compute shares (one key space)")
     last_tick = [0]
@@ -210,10 +209,5 @@ def wire(app: faust.App, ctx: StageContext) -> list:
             for key in dirty:
                 put(fleet, 0, key, fleet.data[key])
             m.observe_batch(time.perf_counter() - started)
-
-    @app.task
-    async def declare_usable_compute() -> None:  # nobody consumes it here, so the conductor would not create it
-        await usable_out.maybe_declare()
-
     return [app.agent(source, name="lifecycle", concurrency=1)(lifecycle),
             app.agent(fleet_in, name="lifecycle.fleet", concurrency=1)(lifecycle_fleet)]

@@ -10,7 +10,7 @@ import faust
 
 from fleetpulse.errors import ConfigError
 from schemas.topics import (
-    ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, XID, Topic,
+    ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, USABLE, XID, Topic,
 )
 from streams import fault_bins_stage, health_stage, lifecycle_stage, power_thermal_stage, stragglers_stage
 from streams.emit import Emitter
@@ -47,7 +47,7 @@ _STAGES = [
           "per-rank robust z of compute or arrival lateness, K of N windows, GPU throttle/temperature -> scores"),
     Stage("health", (SAMPLES, FAULTS, STRAGGLERS, REMEDIATION), (HEALTH,), health_stage.wire,
           "hard gates and weighted penalties per GPU and node -> 0-100 scores with reasons, on change and heartbeat"),
-    Stage("lifecycle", (HEALTH, FAULTS, REMEDIATION), (NODE_STATE, DRAIN, ALERTS), lifecycle_stage.wire,
+    Stage("lifecycle", (HEALTH, FAULTS, REMEDIATION), (NODE_STATE, DRAIN, ALERTS, USABLE), lifecycle_stage.wire,
           "node state machine, fleet-wide drain breaker, repair/validate loop, usable compute per minute"),
 ]
 STAGES: dict[str, Stage] = {s.name: s for s in _STAGES}

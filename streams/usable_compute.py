@@ -46,7 +46,7 @@ def fleet_usable(shares: Iterable[list[float]], minute_ts: float) -> dict:
     installed = totals["installed"]
     frac = (lambda v: round(v / installed, 6)) if installed else (lambda v: 0.0)  # noqa: E731
     schedulable = installed - sum(totals[k] for k in ("drained", "validating", "replace", "gated", "lost"))
-    return {"minute_ts": minute_ts, "nodes": nodes, "installed_gpus": round(installed, 3),
+    return {"scope": "fleet", "minute_ts": minute_ts, "nodes": nodes, "installed_gpus": round(installed, 3),
             "schedulable_gpus": round(schedulable, 3), "usable_gpus": round(totals["usable"], 3),
             "usable_compute": frac(totals["usable"]),
             "breakdown": {k: frac(totals[k]) for k in BUCKETS},

@@ -1,14 +1,10 @@
-"""What a run left behind, read back from the real store (and the one internal topic no table holds), and the
-report assembled from it with fleetpulse.evaluate.score."""
+"""What a run left behind, read back from the real store, and the report assembled from it with
+fleetpulse.evaluate.score."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from fleetpulse.settings import CommonSettings
 from fleetpulse.evaluate import score
 from sinks import store
 from sinks.settings import SinkSettings
@@ -31,9 +27,10 @@ QUERIES = {
               "FROM drain_events",
     "states": "SELECT host, state, prev_state, toFloat64(ts) AS ts, kafka_partition, kafka_offset FROM node_states",
     "xid": "SELECT host, gpu_index, code, toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts FROM xid_events",
+    "usable_compute": "SELECT toFloat64(minute_ts) AS minute_ts, nodes, usable_compute, breakdown FROM usable_compute",
 }
 COUNTS = ("gpu_samples", "xid_events", "nccl_timings", "sim_truth", "health_scores", "faults", "stragglers",
-          "alerts", "node_states", "drain_events", "remediation_results")
+          "alerts", "node_states", "drain_events", "remediation_results", "usable_compute")
 
 
 def rows(settings: SinkSettings) -> dict[str, list[dict]]:
@@ -47,24 +44,6 @@ def rows(settings: SinkSettings) -> dict[str, list[dict]]:
     counts = client.query(" UNION ALL ".join(f"SELECT '{t}', count() FROM {db}.{t}" for t in COUNTS)).result_rows
     out["counts"] = [{"table": t, "rows": int(n)} for t, n in counts]
     return out
-
-
-async def usable_compute(settings: CommonSettings, topic: str) -> list[dict]:
-    """The lifecycle's usable compute per minute (an internal single-partition topic), start to end."""
-    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        out = []
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
-                out += [orjson.loads(r.value) for r in records]
-        return out
-    finally:
-        await consumer.stop()
 
 
 def _injected_at(truth: list[dict], xid: list[dict]) -> dict[str, float]:

@@ -148,7 +148,6 @@ class Evaluation:
             await watch.close()
         self.timings["total_wall_s"] = round(time.monotonic() - wall0, 1)
         rows = await asyncio.to_thread(collect.rows, sink_settings)
-        rows["usable_compute"] = await collect.usable_compute(s, f"{self.app_id}-lifecycle-usable_compute")
         if not p.keep_topics:
             deleted = await delete_prefixed(s.kafka_client_args(), s.topic_prefix)
             self.progress.say(f"deleted the run's {len(deleted)} topics; its rows stay in {self.database}", force=True)

@@ -50,7 +50,8 @@ def _for(annotation: Any, metadata: list, name: str) -> st.SearchStrategy:
         lo = lo + 1 if bounds.get("exclude_min") else lo
         return st.integers(min_value=lo, max_value=bounds.get("max_value", 2**40))
     if annotation is float:
-        if name in {"ts", "first_ts", "last_ts", "since", "starts_at", "ends_at", "window_start", "window_end", "end_ts"}:
+        if name in {"ts", "first_ts", "last_ts", "since", "starts_at", "ends_at", "window_start", "window_end", "end_ts",
+                    "minute_ts"}:
             return _EPOCH
         lo = bounds.get("min_value", -1e6)
         return st.floats(min_value=lo, max_value=bounds.get("max_value", 1e6),

@@ -59,7 +59,7 @@ def test_rows_from_any_valid_message_read_back_unchanged(db, name):
         assert len(rows) == (len(message["gpus"]) if table.per_gpu else 1)
         db.insert(table.name, rows, column_names=names)
         back = db.query(f"SELECT {', '.join(names)} FROM {table.name} WHERE kafka_offset = {off} "
-                        f"ORDER BY {'gpu_index' if table.per_gpu else 'ts'}").result_rows
+                        f"ORDER BY {'gpu_index' if table.per_gpu else table.time_column}").result_rows
         assert len(back) == len(rows)
         want = sorted(rows, key=lambda r: r[names.index("gpu_index")]) if table.per_gpu else rows
         for got_row, want_row in zip(back, want):
