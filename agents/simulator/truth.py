@@ -23,7 +23,10 @@ EXPECTED = {
     "job_crash": [],
     "power_surge": [],
 }
-SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler
+SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler...
+# ...when they last long enough to be one: 3 of 5 straggler windows of 30 s (streams/stragglers.py) plus the
+# window that closes the third; slowness that clears sooner is transient by design and must raise nothing.
+STRAGGLER_MIN_S = 120.0
 NOT_HARDWARE = {"congestion", "job_crash", "power_surge"}  # a busy link, a crashed process, a heavy load
 # Bins that take the node out of service: the GPU needs a reset, a reboot, a person or a new part.
 DRAIN_BINS = {"reset", "reboot", "inspect", "replace"}
@@ -42,7 +45,7 @@ def expected_tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
             tokens.append("drain")
         return tokens, spec.code not in xid.SOFTWARE_CODES
     tokens = [t for t in EXPECTED[spec.kind] if ranked or t != "straggler"]
-    if spec.kind in SLOWS_RANK and ranked:
+    if spec.kind in SLOWS_RANK and ranked and (spec.duration is None or spec.duration >= STRAGGLER_MIN_S):
         tokens.append("straggler")
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c:
         tokens.append("alert:thermal")

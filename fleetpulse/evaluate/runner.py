@@ -102,7 +102,7 @@ class Evaluation:
         return app_id(self.settings.topic_prefix)
 
     def _worker_env(self) -> dict[str, str]:
-        budgets = dict(getattr(getattr(self.plan.scenario, "fleet", None), "rack_budgets_w", None) or {})
+        budgets = self.plan.scenario.fleet.rack_budgets_w
         env = {**os.environ, "FLEETPULSE_TOPIC_PREFIX": self.settings.topic_prefix,
                "FLEETPULSE_DATA_DIR": str(self.logs / "worker"), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2",
                "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": "0.5",  # lag seen by the pacing is at most this stale
