@@ -8,7 +8,7 @@ import time
 import numpy as np
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agents.simulator.fleet import Job, build_fleet
@@ -130,9 +130,12 @@ def test_five_percent_sits_on_the_minimum_slowdown_and_never_flags_another_rank(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), cv=st.floats(0.003, 0.05), world=st.sampled_from([64, 256, 1024]))
+@example(seed=12562, cv=0.05, world=1024)  # one rank over z in one window (CI, 2026-11-29): no flag
 def test_no_rank_of_a_healthy_job_is_ever_flagged(seed, cv, world):
     scores, state = run_batches(synth(world, 200, cv=cv, seed=seed))
-    assert scores == [] and state.scored >= 5 and not state.hits.any()
+    # one window over z can happen by chance at 1,024 ranks and 5 % noise (~2e-4 per rank and window): that is
+    # what K-of-N persistence is for; a flag, or K hits in the last N windows, must never come of it
+    assert scores == [] and state.scored >= 5 and not (np.bitwise_count(state.hits) >= 3).any()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
