@@ -164,13 +164,14 @@ class Evaluation:
         wall0 = time.monotonic()
         async with Publisher(s, client_id=f"fleetpulse-evaluate-{self.tag}") as pub:
             for k in range(ticks):
-                if p.speed > 0:  # a real fleet's pace (speed 1) or a multiple of it
-                    await asyncio.sleep(max(0.0, wall0 + k * p.interval_s / p.speed - time.monotonic()))
                 tick = sim.step()
                 if p.kill_worker_at is not None and self.restarts == 0 and tick.ts - sim.start_ts >= p.kill_worker_at:
                     await self._kill_worker(pub)
-                await pub.send_many(TRUTH, tick.truth)
-                await pub.send_many(XID, tick.xid)
+                if p.speed > 0:  # a real fleet's pace (speed 1) or a multiple of it: each record at its own time
+                    await self._paced(pub, tick, wall0, sim.start_ts)
+                else:  # flat out: the tick's injections and XID lines go out just before its samples
+                    await pub.send_many(TRUTH, tick.truth)
+                    await pub.send_many(XID, tick.xid)
                 await pub.send_many(SAMPLES, tick.samples)
                 await pub.send_many(NCCL, tick.nccl)
                 for result in self.bot.due(tick.ts):
@@ -187,6 +188,19 @@ class Evaluation:
                                   f"{self.bot.waiting} bot answers pending")
             stats["sent"] = dict(pub.sent)
         return stats
+
+    async def _paced(self, pub: Publisher, tick, wall0: float, start_ts: float) -> None:
+        """Publish the tick's injections and XID lines when their simulated time comes, then wait for the tick.
+
+        A kernel logs an XID the moment it happens, between two samples, not with them; publishing it at its own
+        time lets XID -> drain latency meet the pipeline as a real fleet's would, idle or mid-burst by chance."""
+        due = lambda ts: wall0 + (ts - start_ts) / self.plan.speed  # noqa: E731
+        for topic, rec in sorted([(TRUTH, t) for t in tick.truth] + [(XID, x) for x in tick.xid],
+                                 key=lambda e: e[1]["ts"]):
+            await asyncio.sleep(max(0.0, due(rec["ts"]) - time.monotonic()))
+            await pub.send(topic, rec)
+            await pub.flush()
+        await asyncio.sleep(max(0.0, due(tick.ts) - time.monotonic()))
 
     async def _hold(self, watch: OffsetWatch, stream_inputs: list[str], stats: dict) -> int | None:
         """Wait while the worker trails by more than the lag limit (or has not joined yet); at most 120 s."""
