@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from schemas.telemetry import GpuReading, HostSample
 
 H100 = dict(slowdown_temp_c=89.0, shutdown_temp_c=92.0, gpu_max_op_temp_c=87.0, hbm_max_op_temp_c=95.0,
@@ -28,3 +31,11 @@ def temps_series(host: str, temps: list[float | None], *, t0: float = 1_000.0, s
     return [sample(host, t0 + i * step, [gpu(g, t if g == hot_gpu else 55.0) for g in range(gpu_count)],
                    rack=rack, seq=i)
             for i, t in enumerate(temps)]
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    """Wait for a stage driven through agent.test_context() to reach `condition`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)

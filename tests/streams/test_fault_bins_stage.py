@@ -19,6 +19,7 @@ from streams.fault_bins_stage import evaluate_isolating
 from streams.fault_settings import FaultBinConfig
 from streams.settings import StreamsSettings
 from tests.streams.test_fault_bins import LINE_13, LINE_79, TS0, host_sample, xid
+from tests.streams.helpers import until
 
 PREFIX = "unit."
 XID_TOPIC, SAMPLES_TOPIC = PREFIX + "fleet.telemetry.xid", PREFIX + "fleet.telemetry.samples"
@@ -47,13 +48,6 @@ async def put(stage, topic: str, value: bytes, key: bytes, partition: int) -> No
                       generation_id=stage.app.consumer_generation_id)
     stage.sent_offset += 1
     await channel.put(await channel.decode(message))
-
-
-async def until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def drain_changelog(app) -> list:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 
 import orjson
 import pytest
@@ -15,7 +13,7 @@ from schemas.dead_letter import original
 from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.settings import StreamsSettings
-from tests.streams.helpers import gpu, sample
+from tests.streams.helpers import gpu, sample, until
 
 PREFIX = "unit."
 T0 = 50_000.0
@@ -34,13 +32,6 @@ def app(tmp_path, emitter):
     app.finalize()
     app.flow_control.resume()
     return app
-
-
-async def until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def changelog(app, table: str) -> list:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 
 import orjson
 import pytest
@@ -16,6 +14,7 @@ from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.lifecycle_stage import fleet_topic
 from streams.settings import StreamsSettings
+from tests.streams.helpers import until
 
 PREFIX = "unit."
 T0 = 60_000.0 + 30
@@ -33,13 +32,6 @@ def app(tmp_path, emitter):
     app.finalize()
     app.flow_control.resume()
     return app
-
-
-async def until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def node_row(host: str, ts: float, score: float = 100.0) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import orjson
 import pytest
@@ -17,7 +16,7 @@ from streams.emit import MemoryEmitter
 from streams.power_thermal import Config
 from streams.power_thermal_stage import evaluate_isolating
 from streams.settings import StreamsSettings
-from tests.streams.helpers import gpu, sample, temps_series
+from tests.streams.helpers import gpu, sample, temps_series, until
 
 PREFIX = "unit."
 
@@ -35,13 +34,6 @@ def app(tmp_path, emitter):
     app.finalize()
     app.flow_control.resume()
     return app
-
-
-async def until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def drain_changelog(app) -> list:
