@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.columns import ch
 
@@ -42,6 +43,13 @@ class XidEvent(BaseModel):
     source: Literal["kmsg", "journald", "file", "nvml", "dcgm", "simulator"] = "kmsg"
 
 
+def rank_in_world(t: Mapping[str, Any]) -> str | None:
+    """A rank numbers one member of its communicator: 0 <= rank < world_size."""
+    if t["rank"] >= t["world_size"]:
+        return f"rank {t['rank']} is not below world_size {t['world_size']}"
+    return None
+
+
 class NcclTiming(BaseModel):
     """One rank's timing around one collective: compute before it, and time inside it."""
 
@@ -59,3 +67,12 @@ class NcclTiming(BaseModel):
     compute_us: float = Field(ge=0, description="compute time since this rank's previous collective")
     collective_us: float = Field(ge=0, description="time inside the collective, waiting included")
     source: Literal["inspector", "api", "nccl-tests", "simulator"] = "api"
+
+    lean_checks: ClassVar[tuple] = (rank_in_world,)  # cross-field rules, shared with schemas/validate.py
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> NcclTiming:
+        for check in self.lean_checks:
+            if (reason := check(self.__dict__)) is not None:
+                raise ValueError(reason)
+        return self

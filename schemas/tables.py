@@ -89,9 +89,9 @@ class Table:
         if not self.per_gpu:
             return [head + (partition, offset, kafka_ts_ms)]
         gpus = record.get("gpus")
-        if type(gpus) is not list or not gpus:
-            raise DecodeError("field 'gpus': expected a non-empty list of GPU readings")
-        rows = []
+        if type(gpus) is not list:
+            raise DecodeError("field 'gpus': expected a list of GPU readings")
+        rows = []  # a host whose every GPU faulted sends none: nothing to store, its faults are on fleet.faults
         for gpu in gpus:
             if type(gpu) is not dict:
                 raise DecodeError("field 'gpus': expected objects")

@@ -12,6 +12,7 @@ from schemas.analytics import (
 )
 from schemas.events import NcclTiming, XidEvent
 from schemas.telemetry import HostSample
+from schemas.validate import validator
 
 DAY_MS = 24 * 3600 * 1000
 DLQ_SUFFIX = ".dlq"
@@ -36,6 +37,14 @@ class Topic:
 
     def key_of(self, value: dict) -> bytes:
         return str(value[self.key]).encode()
+
+    def decode(self, raw: bytes | None) -> dict:
+        """A record's value, decoded and checked by the topic's one validator (schemas/validate.py)."""
+        return validator(self.model).decode(raw)
+
+    def check(self, value: object) -> dict:
+        """An already decoded value, checked by the same validator."""
+        return validator(self.model).check(value)
 
     def config(self) -> dict[str, str]:
         """Kafka topic configs for creation."""

@@ -12,7 +12,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from fleetpulse.errors import DecodeError, StoreError
 from fleetpulse.kafka_admin import ensure_topics
-from schemas.codec import decode
 from schemas.dead_letter import dead_letter
 from schemas.tables import TABLES, Table
 from sinks import store
@@ -145,7 +144,7 @@ class ClickHouseSink:
                 continue
             stats.records += 1
             try:
-                rows = batch.table.rows(decode(rec.value), tp.partition, rec.offset, rec.timestamp)
+                rows = batch.table.rows(batch.table.topic.decode(rec.value), tp.partition, rec.offset, rec.timestamp)
             except DecodeError as exc:
                 await self.send_dead_letter(tp, rec, str(exc))
                 stats.dead_letters += 1

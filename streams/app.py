@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def broker_credentials(s: CommonSettings) -> faust.auth.Credentials | None:
     proto = s.kafka_security_protocol
     if proto == "PLAINTEXT":
         return None
-    context = ssl.create_default_context() if proto.endswith("SSL") else None
+    context = s.kafka_ssl_context()  # the same CA, client certificate and key as the agent and the sink
     if proto == "SSL":
         return faust.SSLCredentials(context)
     password = s.kafka_sasl_password.get_secret_value() if s.kafka_sasl_password else None

@@ -71,9 +71,21 @@ async def send_dead_letter(emitter: Emitter, dlq_topic: str, event: EventT, reas
     return await emitter.send(dlq_topic, msg.key, value, headers)
 
 
+def refuse_invalid(ctx: StageContext, event: EventT, reason: str) -> None:
+    """Skip a registry-topic record its topic's validator refused: count it and say where it came from.
+
+    No dead letter from the worker: the sink reads every registry topic through the same validator and dead-letters
+    the record once, however many workers and stages refused it.
+    """
+    ctx.metrics.refused += 1
+    msg = event.message
+    ctx.log.warning("refused %s[%s]@%s (the sink dead-letters it): %s", msg.topic, msg.partition, msg.offset, reason)
+
+
 async def refuse(ctx: StageContext, pending: list[Awaitable], event: EventT, dlq_topic: str, reason: str,
                  component: str) -> None:
-    """Dead-letter one record for a stage: send it with its reason, count it, and log where it came from."""
+    """Dead-letter one record for a stage (an internal record, or one whose rules raised): send it with its
+    reason, count it, and log where it came from."""
     pending.append(await send_dead_letter(ctx.emitter, dlq_topic, event, reason, component))
     ctx.metrics.errored += 1
     msg = event.message

@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from fleetpulse.errors import DecodeError
 from schemas.analytics import FaultBin, FaultEvent
+from schemas.topics import SAMPLES, XID
 from schemas.xid_catalog import RECOVERY_ACTIONS, first_bin, lookup
-from streams.fault_counters import FIELDS, apply_sample
+from streams.fault_counters import apply_sample
 from streams.fault_settings import FaultBinConfig
 from streams.fault_state import Finding, GpuMemo, HostState, close_due, norm_pci, record
 
@@ -201,40 +201,6 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
     return Evaluation(sorted(out, key=lambda e: e.ts), changed, stats)
 
 
-def _check_fields(obj: dict, spec: Mapping[str, tuple], where: str) -> None:
-    for name, types in spec.items():
-        value = obj.get(name)
-        if value is not None and type(value) not in types:
-            raise DecodeError(f"{where} field {name!r} is {type(value).__name__}, not {types[0].__name__}")
-
-
-XID_FIELDS = {"code": (int,), "gpu_index": (int,), "pci_bus_id": (str,), "gpu_uuid": (str,), "severity": (str,),
-              "caused_by": (int,), "recovery_action": (int,), "unit": (str,), "link": (int,), "count": (int,),
-              "message": (str,), "raw_line": (str,), "rack": (str,), "kind": (str,)}
-GPU_FIELDS = {**{f: (int,) for f in FIELDS}, "row_remap_pending": (bool,), "row_remap_failure": (bool,),
-              "uuid": (str,), "pci_bus_id": (str,)}
-
-
 def check_record(obj, kind: str) -> Record:
-    """Lean shape check of a decoded XidEvent ('xid') or HostSample ('sample'); what the rules cannot read raises."""
-    if not isinstance(obj, dict):
-        raise DecodeError(f"{kind} record is {type(obj).__name__}, not an object")
-    host, ts = obj.get("host"), obj.get("ts")
-    if not isinstance(host, str) or not host:
-        raise DecodeError(f"{kind} record has no host")
-    if type(ts) not in (int, float) or not ts > 0:
-        raise DecodeError(f"{kind} record ts {ts!r} is not a positive number")
-    if kind == "xid":
-        _check_fields(obj, XID_FIELDS, "xid")
-        if type(obj.get("code")) is not int or obj["code"] < 0 or obj.get("kind", "xid") not in ("xid", "sxid"):
-            raise DecodeError(f"xid record code {obj.get('code')!r} / kind {obj.get('kind')!r} is not usable")
-        if obj.get("count") is not None and obj["count"] < 1:
-            raise DecodeError(f"xid record count {obj['count']} is below 1")
-        return kind, obj
-    gpus = obj.get("gpus")
-    if not isinstance(gpus, list) or not all(isinstance(g, dict) and type(g.get("index")) is int for g in gpus):
-        raise DecodeError("sample gpus is not a list of readings with an integer index")
-    for g in gpus:
-        _check_fields(g, GPU_FIELDS, f"gpu {g['index']}")
-    _check_fields(obj, {"rack": (str,), "driver_version": (str,)}, "sample")
-    return kind, obj
+    """An in-memory XidEvent ('xid') or HostSample ('sample') as the rules take it, checked by its topic's validator."""
+    return kind, (XID if kind == "xid" else SAMPLES).check(obj)

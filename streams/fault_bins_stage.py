@@ -14,7 +14,8 @@ from fleetpulse.errors import DecodeError
 from schemas.codec import decode, encode
 from schemas.topics import FAULTS, SAMPLES, XID
 from streams.emit import refuse as refuse_record
-from streams.fault_bins import Evaluation, check_record, evaluate
+from streams.emit import refuse_invalid
+from streams.fault_bins import Evaluation, evaluate
 from streams.fault_settings import FaultBinConfig, fault_config
 from streams.fault_state import HostState
 from streams.power_thermal_stage import put
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from streams.registry import StageContext
 
 COMPONENT = "streams.fault_bins"
+TOPICS = {"xid": XID, "sample": SAMPLES}
 
 
 def kind_of(topic: str, names: Mapping[str, str], value: object) -> str:
@@ -76,13 +78,11 @@ def wire(app: faust.App, ctx: StageContext) -> list:
             pending: list[Awaitable] = []
             items, where = [], {}
             for event in events:
-                value, kind = None, kind_of(event.message.topic, names, None)
                 try:
-                    value = decode(event.message.value)
-                    kind = kind_of(event.message.topic, names, value)
-                    rec = check_record(value, kind)
+                    kind = names.get(event.message.topic) or kind_of("", names, decode(event.message.value))
+                    rec = kind, TOPICS[kind].decode(event.message.value)
                 except DecodeError as exc:
-                    await refuse(pending, event, kind, str(exc))
+                    refuse_invalid(ctx, event, str(exc))
                     continue
                 items.append((event, rec))
                 where[rec[1]["host"]] = event.message.partition

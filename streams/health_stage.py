@@ -12,11 +12,12 @@ import orjson
 from faust.types import EventT
 
 from fleetpulse.errors import DecodeError
-from schemas.analytics import FaultBin, HealthScore
+from schemas.analytics import HealthScore
 from schemas.codec import decode, encode
 from schemas.topics import FAULTS, HEALTH, REMEDIATION, SAMPLES, STRAGGLERS
 from streams.emit import refuse as refuse_record
-from streams.health import (FIELDS, HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
+from streams.emit import refuse_invalid
+from streams.health import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
                             apply_straggler, health_config, score)
 from streams.power_thermal_stage import put
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 # only EWMAs and counter baselines move, so a crash costs at most one heartbeat of smoothing, never a gate.
 COMPONENT = "streams.health"
 NUMBER = (int, float)
-BINS = {b.value for b in FaultBin}
+TOPIC_OF = {"sample": SAMPLES, "fault": FAULTS, "result": REMEDIATION}
 
 
 def _need(obj: Mapping, name: str, types: tuple, *, optional: bool = False) -> None:
@@ -43,42 +44,22 @@ def _need(obj: Mapping, name: str, types: tuple, *, optional: bool = False) -> N
     raise DecodeError(f"{name} {v!r} is not {'/'.join(t.__name__ for t in types)}")
 
 
-def check(value: object, kind: str) -> dict:
-    """Lean shape check of one decoded record of `kind`; anything the core cannot read raises DecodeError."""
-    if not isinstance(value, dict):
-        raise DecodeError(f"{kind} record is {type(value).__name__}, not an object")
-    if not isinstance(value.get("host"), str) or not value["host"]:
-        raise DecodeError(f"{kind} record has no host")
-    if kind == "sample":
-        _need(value, "ts", NUMBER)
-        gpus = value.get("gpus")
-        if not isinstance(gpus, list) or not all(isinstance(g, dict) and type(g.get("index")) is int for g in gpus):
-            raise DecodeError("sample gpus is not a list of readings with an integer index")
-        for g in gpus:
-            for name in FIELDS:
-                v = g.get(name)
-                if v is not None and type(v) not in (int, float, bool):
-                    raise DecodeError(f"gpu {g['index']} field {name!r} is {type(v).__name__}, not a number")
-    elif kind == "fault":
-        for name in ("first_ts", "last_ts"):
-            _need(value, name, NUMBER)
-        for name in ("fault_id", "code", "rule"):
-            _need(value, name, (str,))
-        _need(value, "count", (int,))
-        _need(value, "gpu_index", (int,), optional=True)
-        if value.get("bin") not in BINS:
-            raise DecodeError(f"fault bin {value.get('bin')!r} is not one of {sorted(BINS)}")
-    elif kind == "result":
-        _need(value, "ts", NUMBER)
-        _need(value, "ok", (bool,))
-        _need(value, "action", (str,))
-        _need(value, "event_id", (str,))
-    else:  # a forwarded straggler standing
-        for name in ("ts", "slowdown_pct", "z"):
-            _need(value, name, NUMBER)
-        _need(value, "flagged", (bool,))
-        _need(value, "gpu_index", (int,), optional=True)
+def check_straggler(value: object) -> dict:
+    """Lean check of a forwarded straggler standing (an internal record; registry topics have their validators)."""
+    if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not value["host"]:
+        raise DecodeError("straggler record is not an object with a host")
+    for name in ("ts", "slowdown_pct", "z"):
+        _need(value, name, NUMBER)
+    _need(value, "flagged", (bool,))
+    _need(value, "gpu_index", (int,), optional=True)
     return value
+
+
+def read(event: EventT, names: Mapping[str, str]) -> tuple[str, dict]:
+    """(kind, checked record): registry topics through their validator, the forwarded standings by their check."""
+    raw = event.message.value
+    kind = names.get(event.message.topic) or kind_of("", names, decode(raw))
+    return kind, (TOPIC_OF[kind].decode(raw) if kind in TOPIC_OF else check_straggler(decode(raw)))
 
 
 def kind_of(topic: str, names: Mapping[str, str], value: object) -> str:
@@ -143,18 +124,19 @@ def wire(app: faust.App, ctx: StageContext) -> list:
             for event in events:
                 kind, rec = kind_of(event.message.topic, names, None), {}
                 try:
-                    value = decode(event.message.value)
-                    kind = kind_of(event.message.topic, names, value)
-                    rec = check(value, kind)
+                    kind, rec = read(event, names)
                     host = rec["host"]
                     st = states.get(host) or HostHealth.from_json(hosts.get(host))
                     changed = {"sample": lambda: apply_sample(st, rec, cfg), "fault": lambda: apply_fault(st, rec, cfg),
                                "result": lambda: apply_remediation(st, rec),
                                "straggler": lambda: apply_straggler(st, rec)}[kind]()
                 except DecodeError as exc:
-                    await refuse(pending, event, kind, str(exc))
+                    if kind in TOPIC_OF:
+                        refuse_invalid(ctx, event, str(exc))
+                    else:
+                        await refuse(pending, event, kind, str(exc))
                     continue
-                except Exception as exc:  # noqa: BLE001 - a record the lean check let through: refuse it alone
+                except Exception as exc:  # noqa: BLE001 - a record the validator let through: refuse it alone
                     await refuse(pending, event, kind, f"health rules failed: {exc!r}")
                     states.pop(rec.get("host"), None)  # its half-applied state goes; the table keeps the last good
                     continue
@@ -187,9 +169,9 @@ def wire(app: faust.App, ctx: StageContext) -> list:
             pending: list[Awaitable] = []
             for event in events:
                 try:
-                    rec = check(decode(event.message.value), "straggler")
+                    rec = STRAGGLERS.decode(event.message.value)
                 except DecodeError as exc:
-                    await refuse(pending, event, "straggler", str(exc))
+                    refuse_invalid(ctx, event, str(exc))
                     continue
                 if rec["flagged"] or rec.get("windows_flagged", 0):  # flagged now, or a flag that may just clear
                     fwd = {k: rec.get(k) for k in ("host", "gpu_index", "ts", "flagged", "slowdown_pct", "z", "job",

@@ -17,7 +17,7 @@ from schemas.topics import ALERTS, DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATIO
 from streams import lifecycle as lc
 from streams.breaker import Breaker, add_busbw, breaker_config, decide, reset
 from streams.emit import refuse as refuse_record
-from streams.health_stage import check as check_input
+from streams.emit import refuse_invalid
 from streams.power_thermal_stage import put
 from streams.usable_compute import changed, fleet_usable, minutes_due, node_share
 
@@ -39,8 +39,8 @@ FLEET_KEY = b"fleet"
 HANDLERS = {"health": lc.on_health, "fault": lc.on_fault, "result": lc.on_result, "decision": lc.on_decision}
 FLEET_KINDS = ("drain", "busbw", "share", "tick", "reset")
 NUMBER, HOST = (int, float), ("host", (str,))
-SHAPES = {"health": (("score", NUMBER), ("gates", (list,)), ("inputs", (dict,))),
-          "decision": (("proposal_id", (str,)), ("admitted", (bool,)), ("event_id", (str,))),
+TOPIC_OF = {"health": HEALTH, "fault": FAULTS, "result": REMEDIATION}
+SHAPES = {"decision": (("proposal_id", (str,)), ("admitted", (bool,)), ("event_id", (str,))),
           "drain": (HOST, ("proposal_id", (str,)), ("repair", (str,)), ("evidence", (dict,))),
           "busbw": (HOST, ("gbs", NUMBER)), "share": (HOST, ("share", (list,)))}
 
@@ -51,9 +51,8 @@ def fleet_topic(app_id: str) -> str:
 
 
 def check(value: object, kind: str) -> dict:
-    """Lean shape check of one decoded record of `kind`; DecodeError for anything the state machines cannot read."""
-    if kind in ("fault", "result"):
-        return check_input(value, kind)
+    """Lean shape check of one of the stage's internal records (a decision, a fleet record); registry topics have their
+    validators. DecodeError for anything the state machines cannot read."""
     if not isinstance(value, dict) or not isinstance(value.get("host" if kind != "fleet" else "kind"), str):
         raise DecodeError(f"{kind} record is not an object with a {'host' if kind != 'fleet' else 'kind'}")
     if type(value.get("ts")) not in (int, float):
@@ -109,13 +108,15 @@ def wire(app: faust.App, ctx: StageContext) -> list:
             outs: list[tuple[str, lc.Out]] = []
             to_fleet: list[dict] = []
             for event in events:
-                kind, rec = kind_of(event.message.topic, names, None), {}
+                kind, raw = kind_of(event.message.topic, names, None), event.message.value
                 try:
-                    value = decode(event.message.value)
-                    kind = kind_of(event.message.topic, names, value)
-                    rec = check(value, kind)
+                    kind = names.get(event.message.topic) or kind_of("", names, decode(raw))
+                    rec = TOPIC_OF[kind].decode(raw) if kind in TOPIC_OF else check(decode(raw), kind)
                 except DecodeError as exc:
-                    await refuse(pending, event, kind, str(exc))
+                    if kind in TOPIC_OF:
+                        refuse_invalid(ctx, event, str(exc))
+                    else:
+                        await refuse(pending, event, kind, str(exc))
                     continue
                 if kind == "health" and rec.get("gpu_index") is not None:
                     continue  # GPU rows: the node row carries what the node's lifecycle needs

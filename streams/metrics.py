@@ -16,7 +16,8 @@ class StageMetrics:
     stage: str
     received: int = 0  # records taken from the input topic(s)
     emitted: int = 0  # records produced to the stage's output topics (not dead letters, not repartitions)
-    errored: int = 0  # records that went to the dead-letter topic
+    errored: int = 0  # records this stage dead-lettered (internal records, or rules that raised)
+    refused: int = 0  # registry-topic records their topic's validator refused (the sink dead-letters those)
     batches: int = 0
     latency_sum_s: float = 0.0
     latency_max_s: float = 0.0
@@ -30,14 +31,14 @@ class StageMetrics:
         self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
 
     def snapshot(self) -> dict[str, float]:
-        return {"received": self.received, "emitted": self.emitted, "errored": self.errored,
+        return {"received": self.received, "emitted": self.emitted, "errored": self.errored, "refused": self.refused,
                 "batches": self.batches, "latency_sum_s": self.latency_sum_s, "latency_max_s": self.latency_max_s}
 
     def prometheus(self) -> list[str]:
         """Exposition-format lines (counters and a latency histogram) with a `stage` label."""
         lbl = f'stage="{self.stage}"'
         lines = [f"fleetpulse_stage_{name}_total{{{lbl}}} {getattr(self, name)}"
-                 for name in ("received", "emitted", "errored")]
+                 for name in ("received", "emitted", "errored", "refused")]
         cumulative = 0
         for bound, count in zip((*map(str, LATENCY_BUCKETS_S), "+Inf"), self.latency_counts):
             cumulative += count

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fleetpulse.errors import DecodeError
 from schemas.analytics import Alert
 
 # NVML clocks-event (throttle) reason bits (REFERENCE.md section 4).
@@ -169,30 +168,6 @@ def step(st: AlertState, ts: float, value: float, on: bool, off: bool, rule: Rul
             firing, pending, event, resolved_at = False, None, "resolved", ts
     return AlertState(pending, firing, starts_at, value, ts, flaps, resolved_at), event
 
-
-
-def check_sample(obj) -> dict:
-    """Lean shape check of a decoded HostSample; anything the rules cannot read raises DecodeError."""
-    if not isinstance(obj, dict):
-        raise DecodeError(f"sample is {type(obj).__name__}, not an object")
-    host, ts, gpus = obj.get("host"), obj.get("ts"), obj.get("gpus")
-    if not isinstance(host, str) or not host:
-        raise DecodeError("sample has no host")
-    if type(ts) not in (int, float) or not ts > 0:
-        raise DecodeError(f"sample ts {ts!r} is not a positive number")
-    if not isinstance(obj.get("rack", ""), str) or type(obj.get("seq", 0)) is not int:
-        raise DecodeError("sample rack is not a string or seq is not an integer")
-    if not isinstance(gpus, list) or not all(isinstance(g, dict) and type(g.get("index")) is int for g in gpus):
-        raise DecodeError("sample gpus is not a list of readings with an integer index")
-    for g in gpus:
-        for name in FIELDS:
-            v = g.get(name)
-            if v is not None and type(v) not in (int, float):
-                raise DecodeError(f"gpu {g['index']} field {name!r} is {type(v).__name__}, not a number")
-        tr = g.get("throttle_reasons")
-        if tr is not None and (type(tr) is not int or tr < 0):
-            raise DecodeError(f"gpu {g['index']} throttle_reasons {tr!r} is not a non-negative integer")
-    return obj
 
 
 def _rule_arrays(rule: Rule, m: np.ndarray, throttle: np.ndarray):

@@ -13,10 +13,11 @@ import orjson
 from faust.types import EventT
 
 from fleetpulse.errors import DecodeError
-from schemas.codec import decode, encode
+from schemas.codec import encode
 from schemas.topics import ALERTS, SAMPLES
 from streams.emit import refuse as refuse_record
-from streams.power_thermal import Config, Evaluation, RackReport, SubjectState, check_sample, evaluate
+from streams.emit import refuse_invalid
+from streams.power_thermal import Config, Evaluation, RackReport, SubjectState, evaluate
 from streams.rack_power import RackConfig, RackState, evaluate_racks
 
 if TYPE_CHECKING:
@@ -89,9 +90,9 @@ def wire(app: faust.App, ctx: StageContext) -> list:
             items, where = [], {}
             for event in events:
                 try:
-                    sample = check_sample(decode(event.message.value))
+                    sample = SAMPLES.decode(event.message.value)
                 except DecodeError as exc:
-                    await refuse(pending, event, str(exc))
+                    refuse_invalid(ctx, event, str(exc))
                     continue
                 items.append((event, sample))
                 where[sample["host"]] = event.message.partition

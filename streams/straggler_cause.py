@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fleetpulse.errors import DecodeError
 from streams.power_thermal import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 
 CAUSES = ((HW_THERMAL, "HW thermal slowdown"), (HW_POWER_BRAKE, "HW power brake slowdown"),
@@ -28,23 +27,6 @@ class CauseConfig:
     stale_s: float = 120.0  # a condition further than this from the window end is not "now"
     refresh_s: float = 60.0  # changelog record of an unchanged host at least this often
     temp_step_c: float = 2.0
-
-
-def check_sample(obj) -> dict:
-    """Lean check of the HostSample fields read here; anything else in the sample is not this stage's business."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("host"), str) or not obj["host"]:
-        raise DecodeError("sample is not an object with a host")
-    ts, gpus = obj.get("ts"), obj.get("gpus")
-    if type(ts) not in (int, float) or not ts > 0:
-        raise DecodeError(f"sample ts {ts!r} is not a positive number")
-    if not isinstance(gpus, list) or not all(isinstance(g, dict) and type(g.get("index")) is int for g in gpus):
-        raise DecodeError("sample gpus is not a list of readings with an integer index")
-    for g in gpus:
-        for name in FIELDS:
-            v = g.get(name)
-            if v is not None and (type(v) not in (int, float) or (name == FIELDS[0] and (type(v) is not int or v < 0))):
-                raise DecodeError(f"gpu {g['index']} field {name!r} is {v!r}, not a (non-negative integer) number")
-    return obj
 
 
 def update(prior: dict | None, sample: dict) -> dict | None:

@@ -8,30 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fleetpulse.errors import DecodeError
 
-_INT = (int,)
-_NUM = (int, float)
 SUMS = ("n_c", "sum_c", "n_w", "sum_w", "n_l", "sum_l")  # compute, wait inside the collective, arrival lateness
-
-
-def check_timing(obj) -> dict:
-    """Lean shape check of a decoded NcclTiming; what the scoring cannot use raises DecodeError (-> DLQ)."""
-    if not isinstance(obj, dict):
-        raise DecodeError(f"timing is {type(obj).__name__}, not an object")
-    job, host = obj.get("job"), obj.get("host")
-    if not isinstance(job, str) or not job or not isinstance(host, str) or not host:
-        raise DecodeError("timing has no job or no host")
-    rank, world, seq, gpu = obj.get("rank"), obj.get("world_size"), obj.get("seq"), obj.get("gpu_index")
-    if type(rank) not in _INT or type(world) not in _INT or type(seq) not in _INT or not 0 <= rank < world:
-        raise DecodeError(f"rank {rank!r} / world_size {world!r} / seq {seq!r} are not integers with rank < world")
-    if seq < 0 or (gpu is not None and (type(gpu) not in _INT or gpu < 0)):
-        raise DecodeError(f"seq {seq!r} or gpu_index {gpu!r} is negative or not an integer")
-    for name in ("ts", "compute_us", "collective_us"):
-        v = obj.get(name)
-        if type(v) not in _NUM or not math.isfinite(v) or v < 0 or (name == "ts" and v == 0):
-            raise DecodeError(f"timing {name} {v!r} is not a finite non-negative number")
-    return obj
 
 
 @dataclass

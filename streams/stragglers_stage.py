@@ -14,12 +14,13 @@ from pydantic import ValidationError
 
 from fleetpulse.errors import DecodeError
 from schemas.analytics import StragglerScore
-from schemas.codec import decode, encode
+from schemas.codec import encode
 from schemas.topics import NCCL, SAMPLES, STRAGGLERS
 from streams.emit import refuse as refuse_record
+from streams.emit import refuse_invalid
 from streams.power_thermal_stage import put
-from streams.straggler_cause import CauseConfig, check_sample, explain, material, update
-from streams.straggler_windows import Batch, JobState, check_timing
+from streams.straggler_cause import CauseConfig, explain, material, update
+from streams.straggler_windows import Batch, JobState
 from streams.stragglers import Config, advance
 
 if TYPE_CHECKING:
@@ -86,9 +87,9 @@ def wire(app: faust.App, ctx: StageContext, config: Config = Config(), cause: Ca
             by_job: dict[str, list[tuple[EventT, dict]]] = {}
             for event in events:
                 try:
-                    rec = check_timing(decode(event.message.value))
+                    rec = NCCL.decode(event.message.value)
                 except DecodeError as exc:
-                    await refuse(pending, event, NCCL.dlq(s.topic_prefix), str(exc))
+                    refuse_invalid(ctx, event, str(exc))
                     continue
                 by_job.setdefault(rec["job"], []).append((event, rec))
             checkpoints = []
@@ -124,9 +125,9 @@ def wire(app: faust.App, ctx: StageContext, config: Config = Config(), cause: Ca
             pending: list[Awaitable] = []
             for event in events:
                 try:
-                    sample = check_sample(decode(event.message.value))
+                    sample = SAMPLES.decode(event.message.value)
                 except DecodeError as exc:
-                    await refuse(pending, event, SAMPLES.dlq(s.topic_prefix), str(exc))
+                    refuse_invalid(ctx, event, str(exc))
                     continue
                 host = sample["host"]
                 new = update(gpus.get(host), sample)

@@ -74,7 +74,7 @@ def _for(annotation: Any, metadata: list, name: str) -> st.SearchStrategy:
 
 
 def model_dicts(model: type[BaseModel]) -> st.SearchStrategy[dict]:
-    """Plain dicts that the model accepts; `gpus` gets 1-8 readings."""
+    """Plain dicts that the model accepts, its cross-field rules (`lean_checks`) included; `gpus` gets 1-8 readings."""
     fields = {}
     for name, info in model.model_fields.items():
         if name == "gpus":
@@ -82,4 +82,5 @@ def model_dicts(model: type[BaseModel]) -> st.SearchStrategy[dict]:
             fields[name] = st.lists(model_dicts(item), min_size=1, max_size=8)
         else:
             fields[name] = _for(info.annotation, info.metadata, name)
-    return st.fixed_dictionaries(fields)
+    checks = getattr(model, "lean_checks", ())
+    return st.fixed_dictionaries(fields).filter(lambda d: all(check(d) is None for check in checks))

@@ -93,7 +93,7 @@ async def test_stragglers_are_rekeyed_by_host_only_when_flagged_or_recently_flag
         await stage.put(score(2, False, 0), key=b"j1", partition=1)  # never flagged: nothing to tell
         await stage.put(score(3, False, 1), key=b"j1", partition=1)  # a flag that may just have cleared
         await stage.put(b"[]", key=b"j1", partition=1)
-        await until(lambda: len(emitter.sent) >= 3)
+        await until(lambda: len(emitter.sent) >= 2 and metrics_of(app)["health"].refused == 1)
     forwarded = [s for s in emitter.sent if s.topic.endswith("health-stragglers_by_host")]
     assert [(s.key, orjson.loads(s.value)["flagged"]) for s in forwarded] == [(b"h1", True), (b"h3", False)]
-    assert len(emitter.to(PREFIX + "fleet.stragglers.dlq")) == 1
+    assert emitter.to(PREFIX + "fleet.stragglers.dlq") == []  # a registry topic: the sink dead-letters it

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from agents.simulator.fleet import Job, build_fleet
 from agents.simulator.nccl import NcclModel
 from fleetpulse.errors import DecodeError
-from streams.straggler_windows import Batch, JobState, Window, check_timing
+from schemas.topics import NCCL
+from streams.straggler_windows import Batch, JobState, Window
 from streams.stragglers import Config, advance, persist, robust_z, score
 
 T0 = 1_700_000_000.0  # 20 s past a 30 s window boundary
@@ -256,7 +257,7 @@ def test_a_new_world_size_restarts_the_job_history():
 ])
 def test_malformed_timings_are_refused_with_a_reason(bad):
     with pytest.raises(DecodeError):
-        check_timing(bad)
+        NCCL.check(bad)
 
 
 def test_per_window_cost_at_1024_ranks():
@@ -264,7 +265,7 @@ def test_per_window_cost_at_1024_ranks():
     records = sim_records(128, 35, seed=10)
     raw = [orjson.dumps(r) for r in records[:30 * 1024]]
     started = time.perf_counter()
-    decoded = [check_timing(orjson.loads(x)) for x in raw]
+    decoded = [NCCL.decode(x) for x in raw]
     state, scores = None, []
     for i in range(0, len(decoded), 500):
         state, out, _ = advance(state, "job-0000", Batch.of(decoded[i:i + 500]), CFG)

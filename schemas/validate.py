@@ -1,0 +1,147 @@
+"""One lean validator per topic, derived from its pydantic model and ClickHouse columns: every consumer refuses the
+same records.
+
+The model says what a record is; `lean_type` turns it into a msgspec type with the same fields, the model's bounds and
+the bounds of each field's ClickHouse column (a UInt8 holds 0..255, a DateTime64 ends in 2299), so one C pass decodes
+and checks a record into plain dicts at about the cost of decoding alone. Strict like the sink's columns: a boolean is
+not a number, a string is not a float, a float is not an integer. Fields a record may omit stay absent in nested
+objects; top-level defaults are filled in. Unknown keys are dropped, so an older consumer reads a newer producer.
+Rules that span fields (a rank below its world size) are the model's `lean_checks`, run after the pass.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, NotRequired, Optional, TypedDict, Union
+
+import msgspec
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from fleetpulse.errors import DecodeError
+from schemas.columns import column_for
+
+LeanCheck = Callable[[Mapping[str, Any]], "str | None"]  # a reason when the record breaks a cross-field rule
+
+# Value ranges of ClickHouse column types: a value outside its column's range fails the insert, so it is refused here.
+_INT_RANGES = {
+    "UInt8": (0, 2**8 - 1), "UInt16": (0, 2**16 - 1), "UInt32": (0, 2**32 - 1),
+    "UInt64": (0, 2**63 - 1),  # msgspec's bounds must fit an int64; no counter or offset comes near it
+    "Int32": (-(2**31), 2**31 - 1), "Int64": (-(2**63), 2**63 - 1),
+}
+DATETIME64_END_S = 10_413_792_000  # 2300-01-01: DateTime64's last representable instant is in 2299
+_BOUNDS = ("ge", "gt", "le", "lt", "min_length", "max_length")
+
+
+def _inner_type(ch_type: str) -> str:
+    for wrapper in ("LowCardinality(", "Nullable("):
+        while ch_type.startswith(wrapper):
+            ch_type = ch_type[len(wrapper):-1]
+    return ch_type
+
+
+def _bounds(name: str, info: FieldInfo, base: Any) -> dict[str, Any]:
+    """The model's constraints on a field, tightened by what its ClickHouse column can hold."""
+    meta = {k: getattr(m, k) for m in info.metadata for k in _BOUNDS if getattr(m, k, None) is not None}
+    if base not in (int, float):
+        return meta
+    inner = _inner_type(column_for(name, info).type)
+    if inner in _INT_RANGES and base is int:
+        lo, hi = _INT_RANGES[inner]
+        if "ge" not in meta and "gt" not in meta:
+            meta["ge"] = lo
+        if "le" not in meta and "lt" not in meta:
+            meta["le"] = hi
+    elif inner.startswith("DateTime64") and base is float:  # epoch seconds: after 1970, before 2300
+        if "ge" not in meta and "gt" not in meta:
+            meta["gt"] = 0.0
+        if "le" not in meta and "lt" not in meta:
+            meta["lt"] = DATETIME64_END_S
+    return meta
+
+
+def _lean(annotation: Any) -> Any:
+    """A pydantic annotation as a msgspec one: nested models become TypedDicts, enums the Literal of their values."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return lean_type(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return Literal[tuple(m.value for m in annotation)]  # plain strings out, as orjson wrote them
+    if origin in (Union, types.UnionType):
+        return Union[tuple(_lean(a) for a in args)]
+    if origin is list:
+        return list[_lean(args[0])] if args else list
+    if origin is dict:
+        return dict[_lean(args[0]), _lean(args[1])] if args else dict
+    return annotation
+
+
+def _field_type(name: str, info: FieldInfo) -> Any:
+    annotation = info.annotation
+    args = typing.get_args(annotation)
+    optional = typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in args
+    base = _lean(next(a for a in args if a is not type(None)) if optional and len(args) == 2 else annotation)
+    meta = _bounds(name, info, base)
+    if meta:
+        base = Annotated[base, msgspec.Meta(**meta)]
+    return Optional[base] if optional else base
+
+
+@functools.cache
+def lean_type(model: type[BaseModel]) -> type:
+    """The msgspec TypedDict for `model`: required fields required, the rest may be absent."""
+    fields = {name: _field_type(name, info) if info.is_required() else NotRequired[_field_type(name, info)]
+              for name, info in model.model_fields.items()}
+    return TypedDict(model.__name__, fields)  # type: ignore[operator]
+
+
+class Validator:
+    """Decode and check records of one model: `decode(raw bytes)` for consumers, `check(dict)` for in-memory values."""
+
+    def __init__(self, model: type[BaseModel]):
+        self.model = model
+        self.type = lean_type(model)
+        self._decoder = msgspec.json.Decoder(self.type)
+        self._defaults = [(name, functools.partial(info.get_default, call_default_factory=True))
+                          for name, info in model.model_fields.items() if not info.is_required()]
+        self._checks: tuple[LeanCheck, ...] = getattr(model, "lean_checks", ())
+
+    def decode(self, raw: bytes | None) -> dict:
+        """Bytes -> the checked record as plain dicts; DecodeError names the first field at fault."""
+        if raw is None:
+            raise DecodeError("empty record value (tombstone)")
+        try:
+            value = self._decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise DecodeError(f"invalid {self.model.__name__}: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise DecodeError(f"not JSON: {exc}") from None
+        return self._finish(value)
+
+    def check(self, value: Any) -> dict:
+        """The same rules over an already decoded value (tests, tools): a checked copy, or DecodeError."""
+        try:
+            checked = msgspec.convert(value, self.type, strict=True)
+        except msgspec.ValidationError as exc:
+            raise DecodeError(f"invalid {self.model.__name__}: {exc}") from None
+        return self._finish(checked)
+
+    def _finish(self, value: dict) -> dict:
+        for check in self._checks:
+            reason = check(value)
+            if reason is not None:
+                raise DecodeError(f"invalid {self.model.__name__}: {reason}")
+        for name, default in self._defaults:
+            if name not in value:
+                value[name] = default()
+        return value
+
+
+@functools.cache
+def validator(model: type[BaseModel]) -> Validator:
+    """The one validator of a model (and so of every topic that carries it)."""
+    return Validator(model)

@@ -1,0 +1,108 @@
+"""One bad record, one dead letter: the stream worker (every stage) and the sink together, on real parts, for every
+raw topic and the records that used to split the consumers' checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fleetpulse.kafka_admin import ensure_topics
+from fleetpulse.settings import CommonSettings, load
+from schemas.codec import encode
+from schemas.dead_letter import original
+from schemas.topics import NCCL, SAMPLES, TOPICS, XID
+from sinks.cli import run_sink
+from sinks.runner import ClickHouseSink
+from sinks.settings import SinkSettings
+from tests.streams.helpers import gpu, sample
+from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[1]
+
+
+def good_records(t0: float) -> dict:
+    samples = [sample(f"h{h}", t0 + k, [gpu(g) for g in range(8)], seq=k) for k in range(5) for h in range(3)]
+    xids = [{"host": "h1", "ts": t0 + 2, "code": 13, "gpu_index": 1, "message": "Graphics Engine Exception"}]
+    timings = [{"job": "j1", "rank": r, "world_size": 4, "host": f"h{r % 3}", "collective": "AllReduce", "seq": s,
+                "bytes": 1 << 20, "ts": t0 + s, "compute_us": 900.0, "collective_us": 120.0}
+               for s in range(5) for r in range(4)]
+    return {SAMPLES: samples, XID: xids, NCCL: timings}
+
+
+def bad_records(t0: float) -> dict:
+    """Records that some consumers used to accept and others refuse, and some that no consumer can read."""
+    s = sample("h0", t0 + 9, [gpu(g) for g in range(8)], seq=9)
+    x = {"host": "h1", "ts": t0 + 9, "code": 79, "gpu_index": 1}
+    t = {"job": "j1", "rank": 0, "world_size": 4, "host": "h0", "collective": "AllReduce", "seq": 9, "bytes": 1,
+         "ts": t0 + 9, "compute_us": 900.0, "collective_us": 120.0}
+
+    def gpu0(**fields):
+        return orjson.dumps({**s, "gpus": [{**s["gpus"][0], **fields}] + s["gpus"][1:]})
+
+    return {
+        SAMPLES: [(gpu0(power_w="450"), "$.gpus[0].power_w"), (orjson.dumps({**s, "ts": -5}), "$.ts"),
+                  (gpu0(gpu_temp_c=True), "$.gpus[0].gpu_temp_c"), (gpu0(index=256), "$.gpus[0].index"),
+                  (b"{not json", "not JSON")],
+        XID: [(orjson.dumps({**x, "code": "79"}), "$.code"), (orjson.dumps({**x, "ts": -5}), "$.ts"),
+              (orjson.dumps({**x, "code": 2**40}), "$.code")],
+        NCCL: [(orjson.dumps({**t, "rank": 4}), "rank 4 is not below world_size 4"),
+               (orjson.dumps({**t, "compute_us": "900"}), "$.compute_us"), (orjson.dumps({**t, "seq": True}), "$.seq")],
+    }
+
+
+async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipeline(settings_env, kafka_bootstrap,
+                                                                                    topic_prefix, tmp_path):
+    common = load(CommonSettings)
+    await ensure_topics(common.kafka_client_args(), topic_prefix)
+    t0 = time.time() - 600
+    good, bad = good_records(t0), bad_records(t0)
+    where: dict = {}  # topic -> {(partition, offset): expected reason}
+    for topic, records in good.items():
+        await produce(kafka_bootstrap, topic.full(topic_prefix), [(r[topic.key].encode(), encode(r)) for r in records])
+        sent = await produce(kafka_bootstrap, topic.full(topic_prefix), [(b"h0", raw) for raw, _ in bad[topic]])
+        where[topic] = {(m.partition, m.offset): why for m, (_, why) in zip(sent, bad[topic])}
+
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen([sys.executable, "-m", "streams.cli"], cwd=REPO, stdout=log.open("ab"),
+                              stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2"})
+    sink = ClickHouseSink(load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False))
+    stop = asyncio.Event()
+    sink_task = asyncio.create_task(run_sink(sink, stop))
+
+    async def settled() -> bool:
+        """Every bad record refused by the worker's stages and dead-lettered by the sink; every good one stored."""
+        text = log.read_text()
+        refused = all(f"refused {t.full(topic_prefix)}[{p}]@{o}" in text for t, offs in where.items() for p, o in offs)
+        stats = sink.stats.tables
+        stored = (stats["gpu_samples"].rows == 8 * len(good[SAMPLES]) and stats["xid_events"].rows == len(good[XID])
+                  and stats["nccl_timings"].rows == len(good[NCCL]))
+        return refused and stored and all(stats[n].dead_letters == len(bad[t]) for n, t in
+                                          (("gpu_samples", SAMPLES), ("xid_events", XID), ("nccl_timings", NCCL)))
+
+    try:
+        await wait_for("every record refused, stored or dead-lettered", settled, 120, log)
+    except BaseException:
+        stop_worker(worker, log, failing=True)
+        raise
+    finally:
+        stop.set()
+        await asyncio.wait_for(sink_task, 30)
+    stop_worker(worker, log)  # a clean stop flushes whatever the worker still had to send
+
+    for topic in TOPICS.values():
+        letters = [original(r.value) for r in await read_all(kafka_bootstrap, topic.dlq(topic_prefix), 1)]
+        expected = where.get(topic, {})
+        assert len(letters) == len(expected), (topic.name, [facts for facts, _ in letters])
+        assert {(f["partition"], f["offset"]) for f, _ in letters} == set(expected)
+        for facts, raw in letters:
+            assert facts["component"] == "sink" and facts["source_topic"] == topic.full(topic_prefix)
+            assert expected[(facts["partition"], facts["offset"])] in facts["reason"], facts
