@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleetpulse.errors import BrokerError
@@ -104,12 +105,36 @@ async def round_trip(bootstrap: str, timeout: float = 30, **client_args) -> None
     raise BrokerError(f"Kafka at {bootstrap} failed the produce/consume round trip within {timeout:.0f}s: {last_error!r}")
 
 
+@dataclass(frozen=True)
+class TlsListener:
+    """A TLS listener beside the plaintext one: PEM files, as a cluster with a private CA has them.
+
+    `keystore` holds the broker's unencrypted PKCS#8 key and its certificate chain; `truststore` the CA that signed
+    the clients' certificates (with client_auth, a client without one is refused).
+    """
+
+    port: int
+    keystore: Path
+    truststore: Path
+    client_auth: bool = True
+
+    def properties(self) -> list[str]:
+        return [
+            "ssl.keystore.type=PEM", f"ssl.keystore.location={self.keystore}",
+            "ssl.truststore.type=PEM", f"ssl.truststore.location={self.truststore}",
+            f"ssl.client.auth={'required' if self.client_auth else 'none'}",
+            "ssl.endpoint.identification.algorithm=https",
+        ]
+
+
 class LocalKafka:
     """One KRaft broker+controller (node.id=1) whose state lives under data_dir/kafka/."""
 
-    def __init__(self, data_dir: Path, port: int = 19092, controller_port: int | None = None):
+    def __init__(self, data_dir: Path, port: int = 19092, controller_port: int | None = None,
+                 tls: TlsListener | None = None):
         self.home = (Path(data_dir) / "kafka").resolve()
         self.port = port
+        self.tls = tls
         self.controller_port = controller_port or port + 1
         self.bootstrap = f"127.0.0.1:{port}"
         self.properties = self.home / "server.properties"
@@ -197,7 +222,7 @@ class LocalKafka:
                 "data_dir": str(self.home.parent), "ready": ready}
 
     def _launch(self) -> None:
-        for port in (self.port, self.controller_port):
+        for port in (self.port, self.controller_port, *([self.tls.port] if self.tls else [])):
             if _listening(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is already in use by another process; "
                                   "stop it or choose another FLEETPULSE_LOCAL_KAFKA_PORT")
@@ -225,13 +250,15 @@ class LocalKafka:
         self.pid_file.write_text(json.dumps({"pid": self._proc.pid, "port": self.port}))
 
     def _server_properties(self, logs: Path) -> str:
+        plain, ssl_ = f"PLAINTEXT://127.0.0.1:{self.port}", f",SSL://localhost:{self.tls.port}" if self.tls else ""
         return "\n".join([
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"listeners={plain}{ssl_},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners={plain}{ssl_}",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,CONTROLLER:PLAINTEXT",
+            *(self.tls.properties() if self.tls else []),
             "inter.broker.listener.name=PLAINTEXT",
             "controller.listener.names=CONTROLLER",
             f"log.dirs={logs}",

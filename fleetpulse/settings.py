@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
@@ -68,17 +69,27 @@ class CommonSettings(BaseSettings):
         """True when ClickHouse runs in-process (chdb): only one process may open the store."""
         return self.clickhouse_dsn.startswith("chdb://")
 
-    def kafka_client_args(self) -> dict:
-        """Keyword arguments shared by aiokafka producers, consumers and admin clients."""
-        args: dict = {"bootstrap_servers": self.bootstrap, "security_protocol": self.kafka_security_protocol}
-        if self.kafka_security_protocol in ("SSL", "SASL_SSL"):  # aiokafka refuses TLS without a context
-            from aiokafka.helpers import create_ssl_context
+    def kafka_ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of every Kafka client (agent, sink, admin, stream worker): the configured CA, client
+        certificate and key; None for PLAINTEXT and SASL_PLAINTEXT."""
+        if self.kafka_security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        from aiokafka.helpers import create_ssl_context
 
-            args["ssl_context"] = create_ssl_context(
+        try:
+            return create_ssl_context(
                 cafile=str(self.kafka_ssl_cafile) if self.kafka_ssl_cafile else None,
                 certfile=str(self.kafka_ssl_certfile) if self.kafka_ssl_certfile else None,
                 keyfile=str(self.kafka_ssl_keyfile) if self.kafka_ssl_keyfile else None,
             )
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"FLEETPULSE_KAFKA_SSL_* files unusable: {exc}") from exc
+
+    def kafka_client_args(self) -> dict:
+        """Keyword arguments shared by aiokafka producers, consumers and admin clients."""
+        args: dict = {"bootstrap_servers": self.bootstrap, "security_protocol": self.kafka_security_protocol}
+        if (context := self.kafka_ssl_context()) is not None:  # aiokafka refuses TLS without a context
+            args["ssl_context"] = context
         if self.kafka_sasl_mechanism:
             args["sasl_mechanism"] = self.kafka_sasl_mechanism
             args["sasl_plain_username"] = self.kafka_sasl_username
