@@ -16,8 +16,8 @@ from agents.registry import REGISTRY
 from agents.runner import AgentRunner
 from agents.settings import AgentSettings, load_agent_settings
 from agents.spool import Spool, SpoolingPublisher
-from fleetpulse.errors import BrokerError, ConfigError
-from fleetpulse.kafka_admin import ensure_topics
+from core.errors import BrokerError, ConfigError
+from schemas.provision import ensure_topics
 
 log = logging.getLogger(__name__)
 FAKE_FAULTS = {"lost": "lose_gpu", "reset": "require_reset", "wedge": "wedge", "dbe": "double_bit_error"}

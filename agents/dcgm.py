@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from agents.nvml.collector import validated_reading
 from agents.nvml.lib import normalize_pci_bus_id
-from fleetpulse.errors import FleetpulseError
+from core.errors import FleetpulseError
 from schemas.telemetry import GpuReading, HostSample
 
 DEFAULT_URL = "http://localhost:9400/metrics"

@@ -12,8 +12,8 @@ from aiokafka.codec import has_zstd
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
-from fleetpulse.errors import BrokerError, ConfigError
-from fleetpulse.settings import CommonSettings
+from core.errors import BrokerError, ConfigError
+from core.settings import CommonSettings
 from schemas.codec import encode
 from schemas.topics import Topic
 

@@ -15,7 +15,7 @@ from agents.nvml import Nvml
 from agents.publisher import Publisher
 from agents.registry import BuildContext, Collector, CollectorSpec, chosen_specs, messages, unsupported_reason
 from agents.settings import AgentSettings
-from fleetpulse.errors import BrokerError
+from core.errors import BrokerError
 from schemas.topics import Topic
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
-from fleetpulse.errors import ConfigError
-from fleetpulse.settings import CommonSettings, load
+from core.errors import ConfigError
+from core.settings import CommonSettings, load
 
 # Stable collector names (agents/registry.py): config values, metric labels and log fields.
 COLLECTOR_NAMES = ("nvml", "nvml_xid", "dcgm", "kernel_log", "nccl_inspector")

@@ -11,7 +11,7 @@ from dataclasses import asdict
 import orjson
 
 from agents.kernel_log import Detection, KernelLogParser
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from schemas.xid_catalog import RECOVERY_ACTIONS, first_bin, lookup
 
 EXTRA_FIELDS = ("channel", "unit", "link", "registers", "recovery_action", "recovery_label", "device", "log_host",

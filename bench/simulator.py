@@ -42,7 +42,7 @@ def bench_tick(hosts: int, ticks: int, seed: int = 0) -> dict:
 
 
 async def bench_publish(hosts: int, duration: float, nccl_interval: float) -> dict:
-    from fleetpulse.settings import CommonSettings, load
+    from core.settings import CommonSettings, load
 
     settings = load(CommonSettings)
     report = await simulate(settings, hosts=hosts, duration=duration, speed=0, nccl_interval=nccl_interval)

@@ -33,9 +33,9 @@ from aiokafka.errors import KafkaError
 
 from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator, simulate
-from fleetpulse.kafka_admin import ensure_topics
+from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic
-from fleetpulse.settings import CommonSettings
+from core.settings import CommonSettings
 from schemas.tables import TABLES
 from schemas.topics import NCCL, SAMPLES, XID, Topic
 from sinks import store

@@ -12,8 +12,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from fleetpulse.errors import BrokerError
-from fleetpulse.settings import CommonSettings, load
+from core.errors import BrokerError
+from core.settings import CommonSettings, load
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

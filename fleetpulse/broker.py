@@ -20,8 +20,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetpulse.errors import BrokerError
-from fleetpulse.settings import CommonSettings
+from core.errors import BrokerError
+from core.settings import CommonSettings
 
 POM = Path(__file__).parent / "kafka" / "pom.xml"
 KAFKA_VERSION = re.search(r"<kafka\.version>(.+?)</kafka\.version>", POM.read_text()).group(1)

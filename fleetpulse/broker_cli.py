@@ -6,7 +6,7 @@ import argparse
 import json
 
 from fleetpulse.broker import LocalKafka, ensure_broker
-from fleetpulse.settings import CommonSettings, load
+from core.settings import CommonSettings, load
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import importlib
 import logging
 import sys
 
-from fleetpulse.errors import FleetpulseError
+from core.errors import FleetpulseError
 
 # name -> (module with configure_parser/run, help). Modules load only when their subcommand runs.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -7,8 +7,8 @@ import sys
 import urllib.error
 import urllib.request
 
-from fleetpulse.errors import StoreError
-from fleetpulse.settings import CommonSettings, load
+from core.errors import StoreError
+from core.settings import CommonSettings, load
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

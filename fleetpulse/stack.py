@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetpulse.broker import LocalKafka, ensure_broker
-from fleetpulse.errors import FleetpulseError
-from fleetpulse.kafka_admin import ensure_topics
+from core.errors import FleetpulseError
+from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic
-from fleetpulse.settings import CommonSettings, load
+from core.settings import CommonSettings, load
 from fleetpulse.stack_view import StackView, fetch_store_facts
 from schemas.topics import TOPICS
 from schemas.tables import TABLE_BY_TOPIC

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from fleetpulse.query import ask_owner
-from fleetpulse.settings import CommonSettings
+from core.settings import CommonSettings
 
 # Until the health/lifecycle stages publish it, usable compute = GPUs that reported in the last 10 s of
 # simulated time and carry no firing critical/page alert, over every GPU ever seen (installed).

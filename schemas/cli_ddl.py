@@ -13,7 +13,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetpulse.settings import CommonSettings, load
+    from core.settings import CommonSettings, load
 
     settings = load(CommonSettings, clickhouse_database=args.database, topic_prefix=args.topic_prefix)
     for stmt in statements(settings.clickhouse_database, settings.topic_prefix):

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 
 
 def encode(value: BaseModel | dict) -> bytes:

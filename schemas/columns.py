@@ -12,7 +12,7 @@ import orjson
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 
 CH_KEY = "x-clickhouse-type"
 

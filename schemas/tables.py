@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas import topics as t
 from schemas.columns import Column, columns_of
 from schemas.telemetry import GpuReading, HostSample

@@ -86,8 +86,45 @@ USABLE = TOPICS["fleet.usable_compute"]
 TRUTH = TOPICS["fleet.sim.truth"]
 
 
+@dataclass(frozen=True)
+class InternalTopic:
+    """A topic between one worker's stages: named under the worker's app id (its consumer group), co-partitioned with
+    the stage's inputs, never read by the sink. Its records' shapes belong to the stages that write and read them;
+    a record they refuse goes to the dead-letter topic of the public topic it was derived from."""
+
+    name: str
+    key: str
+    partitions: int
+    dead_letters: Topic
+    description: str = ""
+
+    def full(self, app_id: str) -> str:
+        return f"{app_id}-{self.name}"
+
+
 def topic(name: str) -> Topic:
     try:
         return TOPICS[name]
     except KeyError:
         raise KeyError(f"unknown topic {name!r}; known: {', '.join(TOPICS)}") from None
+
+
+# Internal topics, next to the public ones: the stream worker creates them (streams/cli.py) before it subscribes.
+_INTERNAL = [
+    InternalTopic("power_thermal-rack_power", "rack", SAMPLES.partitions, SAMPLES,
+                  "each host's power per sample, re-keyed by rack for the rack budget rules"),
+    InternalTopic("stragglers-by_host", "host", SAMPLES.partitions, NCCL,
+                  "straggler candidates re-keyed by the rank's host, to meet its GPU condition"),
+    InternalTopic("health-stragglers_by_host", "host", SAMPLES.partitions, STRAGGLERS,
+                  "flagged (or just cleared) ranks re-keyed by host, to meet the host's health state"),
+    InternalTopic("lifecycle-decisions", "host", HEALTH.partitions, DRAIN,
+                  "the breaker's answers to drain proposals, back to the node's partition"),
+    InternalTopic("lifecycle-fleet", "kind", 1, DRAIN,
+                  "drain proposals, validation bandwidths, usable-compute shares and breaker resets: one fleet step"),
+]
+INTERNAL: dict[str, InternalTopic] = {t.name: t for t in _INTERNAL}
+RACK_POWER = INTERNAL["power_thermal-rack_power"]
+STRAGGLERS_BY_HOST = INTERNAL["stragglers-by_host"]
+HEALTH_STRAGGLERS = INTERNAL["health-stragglers_by_host"]
+LIFECYCLE_DECISIONS = INTERNAL["lifecycle-decisions"]
+LIFECYCLE_FLEET = INTERNAL["lifecycle-fleet"]

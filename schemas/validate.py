@@ -22,7 +22,7 @@ import msgspec
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.columns import column_for
 
 LeanCheck = Callable[[Mapping[str, Any]], "str | None"]  # a reason when the record breaks a cross-field rule

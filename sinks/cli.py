@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import signal
 
-from fleetpulse.settings import load
+from core.settings import load
 from sinks.query_server import serve
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
-from fleetpulse.errors import DecodeError, StoreError
-from fleetpulse.kafka_admin import ensure_topics
+from core.errors import DecodeError, StoreError
+from schemas.provision import ensure_topics
 from schemas.dead_letter import dead_letter
 from schemas.tables import TABLES, Table
 from sinks import store

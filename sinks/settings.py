@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fleetpulse.settings import CommonSettings
+from core.settings import CommonSettings
 
 
 class SinkSettings(CommonSettings):

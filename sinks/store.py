@@ -8,8 +8,8 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
-from fleetpulse.errors import StoreError
-from fleetpulse.settings import CommonSettings
+from core.errors import StoreError
+from core.settings import CommonSettings
 from schemas.ddl import expected_columns, normalise_codec, statements
 from schemas.tables import TABLES
 

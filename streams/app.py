@@ -8,8 +8,8 @@ from pathlib import Path
 
 import faust
 
-from fleetpulse.errors import ConfigError
-from fleetpulse.settings import CommonSettings
+from core.errors import ConfigError
+from core.settings import CommonSettings
 from streams import registry
 from streams.emit import Emitter, TopicEmitter
 from streams.metrics import MetricsRegistry

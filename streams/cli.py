@@ -12,8 +12,10 @@ from pathlib import Path
 import faust
 from aiokafka.admin import NewTopic
 
-from fleetpulse.errors import BrokerError
-from fleetpulse.kafka_admin import create_missing, ensure_topics
+from core.errors import BrokerError
+from core.kafka_admin import create_missing
+from schemas.provision import ensure_topics
+from schemas.topics import INTERNAL
 from streams.app import create_app
 from streams.registry import STAGES
 from streams.settings import streams_settings
@@ -28,16 +30,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loglevel", default="info", help="worker log level (default: info)")
 
 
-def internal_topics(app: faust.App, replication: int) -> list[NewTopic]:
-    """The stages' own re-keying topics: created before the worker subscribes, or faust skips them until its
-    next metadata refresh (a fresh namespace then produces nothing for minutes)."""
-    out: dict[str, NewTopic] = {}
-    for agent in app.agents.values():
-        channel = agent.channel
-        if getattr(channel, "internal", False):
-            partitions = channel.partitions or app.conf.topic_partitions
-            out.update((name, NewTopic(name, partitions, replication)) for name in channel.topics)
-    return list(out.values())
+def internal_topics(app_id: str, replication: int) -> list[NewTopic]:
+    """The registry's internal topics under this worker's app id: created before the worker subscribes, or faust
+    skips them until its next metadata refresh (a fresh namespace then produces nothing for minutes)."""
+    return [NewTopic(t.full(app_id), t.partitions, replication) for t in INTERNAL.values()]
 
 
 async def _ensure_topics(settings, app: faust.App, timeout: float = 30.0) -> None:
@@ -47,7 +43,7 @@ async def _ensure_topics(settings, app: faust.App, timeout: float = 30.0) -> Non
             created = await ensure_topics(settings.kafka_client_args(), settings.topic_prefix,
                                           settings.streams_replication)
             created += await create_missing(settings.kafka_client_args(),
-                                            internal_topics(app, settings.streams_replication))
+                                            internal_topics(app.conf.id, settings.streams_replication))
     except Exception as exc:  # noqa: BLE001 - connection refused, timeout, auth: the broker is not usable
         raise BrokerError(f"cannot create topics on {settings.bootstrap}: {exc!r}") from exc
     if created:

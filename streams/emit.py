@@ -13,7 +13,7 @@ from faust.types import EventT
 from schemas.dead_letter import dead_letter
 
 if TYPE_CHECKING:
-    from streams.registry import StageContext
+    from streams.context import StageContext
 
 Headers = list[tuple[str, bytes]]
 

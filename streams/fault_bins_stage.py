@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import faust
 from faust.types import EventT
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.codec import decode, encode
 from schemas.topics import FAULTS, SAMPLES, XID
 from streams.emit import refuse as refuse_record
@@ -18,10 +18,10 @@ from streams.emit import refuse_invalid
 from streams.fault_bins import Evaluation, evaluate
 from streams.fault_settings import FaultBinConfig, fault_config
 from streams.fault_state import HostState
-from streams.power_thermal_stage import put
+from streams.state import put
 
 if TYPE_CHECKING:
-    from streams.registry import StageContext
+    from streams.context import StageContext
 
 COMPONENT = "streams.fault_bins"
 TOPICS = {"xid": XID, "sample": SAMPLES}

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from agents.kernel_log.lines import normalize_pci
+from schemas.pci import normalize_pci
 from schemas.analytics import FaultEvent
 from streams.fault_settings import FaultBinConfig
 

@@ -11,18 +11,18 @@ import faust
 import orjson
 from faust.types import EventT
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.analytics import HealthScore
 from schemas.codec import decode, encode
-from schemas.topics import FAULTS, HEALTH, REMEDIATION, SAMPLES, STRAGGLERS
+from schemas.topics import FAULTS, HEALTH, HEALTH_STRAGGLERS, REMEDIATION, SAMPLES, STRAGGLERS
 from streams.emit import refuse as refuse_record
 from streams.emit import refuse_invalid
 from streams.health import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
                             apply_straggler, health_config, score)
-from streams.power_thermal_stage import put
+from streams.state import put
 
 if TYPE_CHECKING:
-    from streams.registry import StageContext
+    from streams.context import StageContext
 
 # Two stages, both concurrency 1:
 # - `health.stragglers` (fleet.stragglers, keyed by job) forwards the ranks that are or were recently flagged to the
@@ -99,7 +99,7 @@ def wire(app: faust.App, ctx: StageContext) -> list:
     s, m = ctx.settings, ctx.metrics
     cfg, p = health_config(s), s.topic_prefix
     raw = dict(key_serializer="raw", value_serializer="raw")
-    by_host = f"{app.conf.id}-health-stragglers_by_host"
+    by_host = HEALTH_STRAGGLERS.full(app.conf.id)
     names = {SAMPLES.full(p): "sample", FAULTS.full(p): "fault", REMEDIATION.full(p): "result", by_host: "straggler"}
     dlq = {"sample": SAMPLES.dlq(p), "fault": FAULTS.dlq(p), "result": REMEDIATION.dlq(p),
            "straggler": STRAGGLERS.dlq(p)}

@@ -11,18 +11,20 @@ import faust
 import orjson
 from faust.types import EventT
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.codec import decode, encode
-from schemas.topics import ALERTS, DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION, USABLE
+from schemas.topics import (
+    ALERTS, DRAIN, FAULTS, HEALTH, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET, NODE_STATE, REMEDIATION, USABLE,
+)
 from streams import lifecycle as lc
 from streams.breaker import Breaker, add_busbw, breaker_config, decide, reset
 from streams.emit import refuse as refuse_record
 from streams.emit import refuse_invalid
-from streams.power_thermal_stage import put
+from streams.state import put
 from streams.usable_compute import changed, fleet_usable, minutes_due, node_share
 
 if TYPE_CHECKING:
-    from streams.registry import StageContext
+    from streams.context import StageContext
 
 # Two stages, both concurrency 1:
 # - `lifecycle` (fleet.health.scores node rows, fleet.faults, fleet.remediation.results and the internal topic
@@ -47,7 +49,7 @@ SHAPES = {"decision": (("proposal_id", (str,)), ("admitted", (bool,)), ("event_i
 
 def fleet_topic(app_id: str) -> str:
     """The breaker's single-partition input; `fleetpulse breaker reset` writes here too."""
-    return f"{app_id}-lifecycle-fleet"
+    return LIFECYCLE_FLEET.full(app_id)
 
 
 def check(value: object, kind: str) -> dict:
@@ -81,7 +83,7 @@ def wire(app: faust.App, ctx: StageContext) -> list:
     s, m, log = ctx.settings, ctx.metrics, ctx.log
     cfg, bcfg, p = lc.lifecycle_config(s), breaker_config(s), s.topic_prefix
     raw = dict(key_serializer="raw", value_serializer="raw")
-    fleet_name, decisions = fleet_topic(app.conf.id), f"{app.conf.id}-lifecycle-decisions"
+    fleet_name, decisions = fleet_topic(app.conf.id), LIFECYCLE_DECISIONS.full(app.conf.id)
     usable_name = USABLE.full(p)
     names = {HEALTH.full(p): "health", FAULTS.full(p): "fault", REMEDIATION.full(p): "result", decisions: "decision"}
     dlq = {"health": HEALTH.dlq(p), "fault": FAULTS.dlq(p), "result": REMEDIATION.dlq(p), "decision": DRAIN.dlq(p),

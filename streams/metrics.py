@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass, field
 
 # Upper bounds (seconds) of the batch-latency histogram buckets, Prometheus style (le=...).
@@ -49,10 +50,17 @@ class StageMetrics:
 
 
 class MetricsRegistry(dict[str, StageMetrics]):
-    """Stage name -> StageMetrics; one per app."""
+    """Stage name -> StageMetrics, and per input topic the records its validator refused (counted once per worker,
+    however many stages read the topic); one per app."""
+
+    def __init__(self):
+        super().__init__()
+        self.refused: Counter[str] = Counter()
 
     def stage(self, name: str) -> StageMetrics:
         return self.setdefault(name, StageMetrics(name))
 
     def prometheus(self) -> str:
-        return "\n".join(line for m in self.values() for line in m.prometheus()) + "\n"
+        lines = [line for m in self.values() for line in m.prometheus()]
+        lines += [f'fleetpulse_topic_refused_total{{topic="{t}"}} {n}' for t, n in sorted(self.refused.items())]
+        return "\n".join(lines) + "\n"

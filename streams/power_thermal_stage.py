@@ -12,28 +12,19 @@ import faust
 import orjson
 from faust.types import EventT
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.codec import encode
-from schemas.topics import ALERTS, SAMPLES
+from schemas.topics import ALERTS, RACK_POWER, SAMPLES
 from streams.emit import refuse as refuse_record
 from streams.emit import refuse_invalid
 from streams.power_thermal import Config, Evaluation, RackReport, SubjectState, evaluate
 from streams.rack_power import RackConfig, RackState, evaluate_racks
+from streams.state import put
 
 if TYPE_CHECKING:
-    from streams.registry import StageContext
+    from streams.context import StageContext
 
 COMPONENT = "streams.power_thermal"
-
-
-def put(table: faust.Table, partition: int, key: str, value: dict) -> None:
-    """Set a table key, writing its changelog record to `partition`: the partition of the source record.
-
-    Table.__setitem__ takes the partition from faust's *current* event, which inside a take() batch is the
-    batch's last event, not the one that carried this key; the state would then recover on the wrong worker.
-    """
-    table.data[key] = value
-    table.send_changelog(partition, key, value)
 
 
 def evaluate_isolating(items: Sequence[tuple[EventT, dict]], prior: dict, config: Config):
@@ -62,7 +53,7 @@ def wire(app: faust.App, ctx: StageContext) -> list:
     config = Config(rack_budgets_w=budgets)
     rack_config = RackConfig(budgets_w=budgets)
     alerts_topic, dlq_topic = ALERTS.full(s.topic_prefix), SAMPLES.dlq(s.topic_prefix)
-    rack_topic_name = f"{app.conf.id}-power_thermal-rack_power"
+    rack_topic_name = RACK_POWER.full(app.conf.id)
     samples = app.topic(SAMPLES.full(s.topic_prefix), key_serializer="raw", value_serializer="raw")
     # Keys and values are JSON in the changelog (faust's table default when no key/value type is given).
     hosts = app.Table("power_thermal-hosts", partitions=SAMPLES.partitions,

@@ -8,25 +8,12 @@ from dataclasses import dataclass
 
 import faust
 
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from schemas.topics import (
     ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, USABLE, XID, Topic,
 )
 from streams import fault_bins_stage, health_stage, lifecycle_stage, power_thermal_stage, stragglers_stage
-from streams.emit import Emitter
-from streams.metrics import StageMetrics
-from streams.settings import StreamsSettings
-
-
-@dataclass
-class StageContext:
-    """What a stage's wiring gets: its settings, its counters, where it produces, and its logger."""
-
-    name: str
-    settings: StreamsSettings
-    metrics: StageMetrics
-    emitter: Emitter
-    log: logging.LoggerAdapter
+from streams.context import StageContext
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from fleetpulse.errors import ConfigError
-from fleetpulse.settings import CommonSettings
+from core.errors import ConfigError
+from core.settings import CommonSettings
 from streams.breaker import BreakerConfig
 from streams.fault_settings import FaultBinConfig
 from streams.health import HealthConfig
@@ -68,7 +68,7 @@ class StreamsSettings(CommonSettings):
 
 def streams_settings(settings: CommonSettings | None = None, **overrides) -> StreamsSettings:
     """StreamsSettings from the environment, keeping the shared fields of `settings` when one is given."""
-    from fleetpulse.settings import load
+    from core.settings import load
 
     base = settings.model_dump(include=set(CommonSettings.model_fields)) if settings is not None else {}
     if isinstance(settings, StreamsSettings):

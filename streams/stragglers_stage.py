@@ -12,19 +12,19 @@ import faust
 from faust.types import TP, EventT
 from pydantic import ValidationError
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.analytics import StragglerScore
 from schemas.codec import encode
-from schemas.topics import NCCL, SAMPLES, STRAGGLERS
+from schemas.topics import NCCL, SAMPLES, STRAGGLERS, STRAGGLERS_BY_HOST
 from streams.emit import refuse as refuse_record
 from streams.emit import refuse_invalid
-from streams.power_thermal_stage import put
+from streams.state import put
 from streams.straggler_cause import CauseConfig, explain, material, update
 from streams.straggler_windows import Batch, JobState
 from streams.stragglers import Config, advance
 
 if TYPE_CHECKING:
-    from streams.registry import StageContext
+    from streams.context import StageContext
 
 COMPONENT = "streams.stragglers"
 CHECKPOINT_S = 10.0  # event-time seconds between checkpoints of a job's open window (0: every batch)
@@ -49,7 +49,7 @@ def wire(app: faust.App, ctx: StageContext, config: Config = Config(), cause: Ca
     """
     s, m, log = ctx.settings, ctx.metrics, ctx.log
     raw = dict(key_serializer="raw", value_serializer="raw")
-    nccl_name, by_host_name = NCCL.full(s.topic_prefix), f"{app.conf.id}-stragglers-by_host"
+    nccl_name, by_host_name = NCCL.full(s.topic_prefix), STRAGGLERS_BY_HOST.full(app.conf.id)
     out_topic = STRAGGLERS.full(s.topic_prefix)
     jobs = app.Table("stragglers-jobs", partitions=NCCL.partitions, help="per-job window sums and K-of-N history")
     gpus = app.Table("stragglers-gpus", partitions=SAMPLES.partitions, help="per-host compact GPU condition")

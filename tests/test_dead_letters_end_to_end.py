@@ -3,29 +3,20 @@ raw topic and the records that used to split the consumers' checks."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
-
 import orjson
 import pytest
 
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings, load
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings, load
 from schemas.codec import encode
 from schemas.dead_letter import original
 from schemas.topics import NCCL, SAMPLES, TOPICS, XID
-from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
-from sinks.settings import SinkSettings
 from tests.streams.helpers import gpu, sample
-from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+from tests.pipeline import worker_and_sink
+from tests.streams.test_worker_integration import produce, read_all, wait_for
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[1]
 
 
 def good_records(t0: float) -> dict:
@@ -70,14 +61,6 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
         sent = await produce(kafka_bootstrap, topic.full(topic_prefix), [(b"h0", raw) for raw, _ in bad[topic]])
         where[topic] = {(m.partition, m.offset): why for m, (_, why) in zip(sent, bad[topic])}
 
-    log = tmp_path / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "streams.cli"], cwd=REPO, stdout=log.open("ab"),
-                              stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2"})
-    sink = ClickHouseSink(load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False))
-    stop = asyncio.Event()
-    sink_task = asyncio.create_task(run_sink(sink, stop))
-
     async def settled() -> bool:
         """Every bad record refused by the worker's stages and dead-lettered by the sink; every good one stored."""
         text = log.read_text()
@@ -88,15 +71,9 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
         return refused and stored and all(stats[n].dead_letters == len(bad[t]) for n, t in
                                           (("gpu_samples", SAMPLES), ("xid_events", XID), ("nccl_timings", NCCL)))
 
-    try:
+    log = tmp_path / "worker.log"
+    async with worker_and_sink(log) as sink:
         await wait_for("every record refused, stored or dead-lettered", settled, 120, log)
-    except BaseException:
-        stop_worker(worker, log, failing=True)
-        raise
-    finally:
-        stop.set()
-        await asyncio.wait_for(sink_task, 30)
-    stop_worker(worker, log)  # a clean stop flushes whatever the worker still had to send
 
     for topic in TOPICS.values():
         letters = [original(r.value) for r in await read_all(kafka_bootstrap, topic.dlq(topic_prefix), 1)]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agents.simulator.runner import simulate
-from fleetpulse.settings import CommonSettings, load
+from core.settings import CommonSettings, load
 from sinks import store
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink

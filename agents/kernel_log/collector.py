@@ -7,7 +7,7 @@ import time
 import warnings
 from typing import AsyncIterator, Callable, Mapping, Protocol
 
-from agents.kernel_log.lines import normalize_pci
+from schemas.pci import normalize_pci
 from agents.kernel_log.parser import KernelLogParser
 from agents.kernel_log.sources import FileSource, JournaldSource, KmsgSource, Record
 from schemas.events import XidEvent

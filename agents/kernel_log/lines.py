@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from schemas.pci import normalize_pci
+
 PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
 _XID = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{PCI})(?:\.(?P<fn>[0-7]))?(?: GPU-I:(?P<gi>\d+))?[^)]*\): "
                   r"(?P<code>\d{1,9})(?!\d)(?:, ?(?P<rest>.*))?")
@@ -30,14 +32,6 @@ _DMESG_T = re.compile(r"\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d
 _ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
 _SYSLOG = re.compile(r"^\s*(?:<\d+>)?([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)(?: (\S+))? kernel:")
 _ISO_HOST = re.compile(r"^\s*\S+T\S+ (\S+) kernel:")
-
-
-def normalize_pci(text: str) -> str:
-    """Any PCI id the driver or NVML prints ('0000:2b:00', '00000000:2B:00.0', '19:01:00.3') -> '0000:2b:00.0'."""
-    body, _, function = text.strip().partition(".")
-    parts = body.split(":")
-    domain = int(parts[-3], 16) if len(parts) >= 3 else 0
-    return f"{domain:04x}:{int(parts[-2], 16):02x}:{int(parts[-1], 16):02x}.{int(function or '0', 16):x}"
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Callable, Mapping
 
 from agents.kernel_log.lines import PCI, ParsedXid, normalize_pci, parse_line, parse_prefix
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from schemas.events import XidEvent
 
 _UUID = re.compile(rf"NVRM: GPU at (?:PCI:)?(?P<pci>{PCI})(?:\.(?P<fn>[0-7]))?: "

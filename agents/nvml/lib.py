@@ -7,7 +7,7 @@ from typing import Any, Literal, Protocol, Sequence
 import pynvml
 from pynvml import NVMLError
 
-from fleetpulse.errors import FleetpulseError
+from core.errors import FleetpulseError
 
 FaultKind = Literal["gpu_lost", "reset_required", "unknown_error", "unreadable"]
 

@@ -12,8 +12,8 @@ import time
 from agents.publisher import Publisher
 from agents.simulator.runner import Tick, simulate
 from agents.simulator.scenario import RUN_DEFAULTS, RunPlan, Scenario, available, load_scenario
-from fleetpulse.errors import FleetpulseError
-from fleetpulse.settings import CommonSettings, load
+from core.errors import FleetpulseError
+from core.settings import CommonSettings, load
 
 PROGRESS_EVERY_S = 5.0
 

@@ -12,7 +12,7 @@ from agents.simulator.gpu_state import Effects, GpuState
 from agents.simulator.kinds import NEEDS_JOB, XidFault
 from agents.simulator.scenario import Scenario
 from agents.simulator.truth import truth_record
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 
 SURGE_SHARE = 0.97  # a power surge's default draw, as a share of the power limit
 

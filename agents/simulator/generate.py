@@ -8,7 +8,7 @@ import numpy as np
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
 from agents.simulator.kinds import FAULT_ADAPTER, HOST_WIDE, NEEDS_JOB
 from agents.simulator.scenario import Generate, Scenario
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 
 STREAM = 0x6E4E  # keeps the generator's draws apart from telemetry, NCCL and XID text
 

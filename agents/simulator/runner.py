@@ -22,9 +22,9 @@ from agents.simulator.gpu_state import GpuState
 from agents.simulator.nccl import NcclModel
 from agents.simulator.samples import host_samples
 from agents.simulator.scenario import Scenario, load_scenario
-from fleetpulse.errors import BrokerError, ConfigError
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings
+from core.errors import BrokerError, ConfigError
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings
 from schemas.analytics import InjectedFault
 from schemas.topics import NCCL, SAMPLES, TRUTH, XID
 

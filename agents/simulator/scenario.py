@@ -11,7 +11,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, ValidationErr
                       model_validator)
 
 from agents.simulator.kinds import FAULT_ADAPTER, FaultSpec
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 # What a run uses when neither the caller nor the scenario says (the simulate CLI's historic defaults).

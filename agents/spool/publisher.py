@@ -16,8 +16,8 @@ from agents.publisher import REFUSED, Publisher, retire
 from agents.spool.record import SpoolRecord
 from agents.spool.replay import InflightRecord, SpoolReplay
 from agents.spool.store import Spool
-from fleetpulse.errors import BrokerError
-from fleetpulse.settings import CommonSettings
+from core.errors import BrokerError
+from core.settings import CommonSettings
 from schemas.topics import Topic
 
 log = logging.getLogger(__name__)

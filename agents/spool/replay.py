@@ -15,7 +15,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from agents.publisher import REFUSED, failed_future
 from agents.spool.record import Spooled, SpoolRecord
 from agents.spool.store import Spool
-from fleetpulse.settings import CommonSettings
+from core.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 

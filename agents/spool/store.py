@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from agents.spool.record import FRAME, Spooled, SpoolRecord, scan
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fleetpulse.evaluate.plan import plan_from
 from fleetpulse.evaluate.runner import Evaluation, Progress, write_report
-from fleetpulse.settings import CommonSettings, load
+from core.settings import CommonSettings, load
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 
 from agents.simulator.scenario import parse_scenario, resolve_path
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from fleetpulse.evaluate.runner import Plan
 
 PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker")

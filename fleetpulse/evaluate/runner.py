@@ -28,12 +28,13 @@ from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator
 from agents.simulator.scenario import Scenario
 from fleetpulse.broker import ensure_broker
-from fleetpulse.errors import FleetpulseError
+from core.errors import FleetpulseError
 from fleetpulse.evaluate import collect
 from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
-from fleetpulse.kafka_admin import delete_prefixed, ensure_topics
+from core.kafka_admin import delete_prefixed
+from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch
-from fleetpulse.settings import CommonSettings, load
+from core.settings import CommonSettings, load
 from fleetpulse.stack import Child
 from schemas.codec import decode
 from schemas.tables import TABLE_BY_TOPIC

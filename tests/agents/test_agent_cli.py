@@ -12,8 +12,8 @@ import time
 import orjson
 import pytest
 
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings, load
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings, load
 from schemas.events import XidEvent
 from schemas.telemetry import HostSample
 from schemas.topics import SAMPLES, XID

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.cli import serve
 from agents.nvml.fake import FakeNvml
 from agents.settings import load_agent_settings
-from fleetpulse.kafka_admin import ensure_topics
+from schemas.provision import ensure_topics
 from schemas.events import XidEvent
 from schemas.telemetry import HostSample
 from schemas.topics import SAMPLES, XID

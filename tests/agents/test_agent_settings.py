@@ -14,7 +14,7 @@ from agents.nvml.fake import FakeNvml
 from agents.registry import REGISTRY, fault_event
 from agents.runner import AgentRunner
 from agents.settings import COLLECTOR_NAMES, load_agent_settings
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from schemas.telemetry import HostSample
 from schemas.xid_catalog import first_bin
 

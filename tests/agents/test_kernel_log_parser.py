@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from agents.kernel_log import KernelLogParser
 from agents.simulator import FleetSimulator
 from agents.simulator import xid as sim_xid
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 
 NOW = 1_780_000_000.0  # 2026-05-28, so syslog stamps without a year resolve deterministically
 

@@ -9,9 +9,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from agents.publisher import Publisher
-from fleetpulse.errors import BrokerError
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings, load
+from core.errors import BrokerError
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings, load
 from schemas.events import XidEvent
 from schemas.topics import NCCL, SAMPLES, XID, Topic
 

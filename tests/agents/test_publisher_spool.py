@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from agents.spool import Spool, SpoolingPublisher
-from fleetpulse.errors import BrokerError
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings, load
+from core.errors import BrokerError
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings, load
 from schemas.topics import NCCL, SAMPLES
 from tests.agents.test_publisher import consume_all
 from tests.conftest import _free_port

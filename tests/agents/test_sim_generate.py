@@ -10,7 +10,7 @@ from agents.simulator import FleetSimulator
 from agents.simulator.fleet import build_fleet
 from agents.simulator.generate import allocate, expand
 from agents.simulator.scenario import load_scenario
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 
 TS0 = 1_700_000_000.0
 MIX = [("faulty_gpu", 148, {"kind": "gpu_lost", "duration": 900}), ("hbm3", 72, {"kind": "ecc_dbe"}),

@@ -14,7 +14,7 @@ from agents.simulator import FleetSimulator, xid
 from agents.simulator.cli import configure_parser, run
 from agents.simulator.fleet import HGX_PCI_BUSES
 from agents.simulator.scenario import RunPlan, available, load_scenario
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from tests.agents.test_sim_faults import XID_RE
 
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from agents.simulator import simulate
-from fleetpulse.settings import CommonSettings, load
+from core.settings import CommonSettings, load
 from schemas.analytics import InjectedFault
 from schemas.telemetry import HostSample
 from schemas.topics import NCCL, SAMPLES, TRUTH, XID

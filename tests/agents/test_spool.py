@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.spool import Spool, SpoolRecord
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from tests.conftest import REPO
 
 

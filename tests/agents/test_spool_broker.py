@@ -11,8 +11,8 @@ import pytest
 
 from agents.spool import Spool, SpoolingPublisher
 from fleetpulse.broker import LocalKafka
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings
 from schemas.telemetry import HostSample
 from schemas.topics import SAMPLES
 from tests.agents.test_publisher import consume_all

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 from fleetpulse.evaluate.plan import apply_override, plan_from
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from fleetpulse.evaluate.plan import plan_from
 from fleetpulse.evaluate.runner import Evaluation, Progress
-from fleetpulse.settings import CommonSettings, load
+from core.settings import CommonSettings, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

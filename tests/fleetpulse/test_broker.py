@@ -14,8 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from fleetpulse.broker import LocalKafka, ensure_broker, round_trip
-from fleetpulse.errors import BrokerError
-from fleetpulse.settings import CommonSettings
+from core.errors import BrokerError
+from core.settings import CommonSettings
 
 
 def free_ports(n: int = 2) -> list[int]:

@@ -3,12 +3,8 @@ same FLEETPULSE_KAFKA_SSL_* settings, and a client without a certificate is refu
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import ipaddress
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,20 +17,17 @@ from cryptography.x509.oid import NameOID
 
 from agents.publisher import Publisher
 from fleetpulse.broker import LocalKafka, TlsListener, round_trip
-from fleetpulse.errors import BrokerError
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings, load
+from core.errors import BrokerError
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings, load
 from schemas.topics import SAMPLES
 from sinks import store
-from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
-from sinks.settings import SinkSettings
 from tests.conftest import _free_port
 from tests.streams.helpers import temps_series
-from tests.streams.test_worker_integration import stop_worker, wait_for
+from tests.pipeline import worker_and_sink
+from tests.streams.test_worker_integration import wait_for
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _cert(subject: str, key, issuer: x509.Name | None, signer, *, ca: bool, sans=()) -> x509.Certificate:
@@ -112,13 +105,7 @@ async def test_agent_worker_and_sink_share_the_tls_settings(tls_broker, clickhou
     samples = temps_series("h1", [60.0] * 3 + [90.5] * 6, t0=t0)  # GPU 0 past its 89 C slowdown limit for 25 s
 
     log = tmp_path / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "streams.cli", "--stages", "power_thermal"], cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2"},
-                              stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-    sink_settings = load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False)
-    sink, stop = ClickHouseSink(sink_settings), asyncio.Event()
-    sink_task = asyncio.create_task(run_sink(sink, stop))
-    try:
+    async with worker_and_sink(log, "power_thermal") as sink:
         async with Publisher(common, client_id="tls-test") as pub:  # the host agent's publisher
             for s in samples:
                 await pub.send(SAMPLES, s)
@@ -127,14 +114,7 @@ async def test_agent_worker_and_sink_share_the_tls_settings(tls_broker, clickhou
         async def alert_stored():
             if not sink.stats.ready:  # its tables are made before it starts consuming
                 return False
-            rows = store.connect(sink_settings).query(
+            rows = store.connect(sink.settings).query(
                 "SELECT alertname, status, host, gpu_index FROM alerts").result_rows
             return ("GpuTempSlowdown", "firing", "h1", 0) in rows and sink.stats.tables["gpu_samples"].rows == 2 * 9
         await wait_for("the worker's alert, stored by the sink, all over mutual TLS", alert_stored, 90, log)
-    except BaseException:
-        stop_worker(worker, log, failing=True)
-        raise
-    finally:
-        stop.set()
-        await asyncio.wait_for(sink_task, 30)
-    stop_worker(worker, log)

@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings
 
-from fleetpulse.errors import DecodeError
-from fleetpulse.settings import CommonSettings
+from core.errors import DecodeError
+from core.settings import CommonSettings
 from schemas.codec import decode, encode
 from schemas.tables import TABLES
 from sinks import store

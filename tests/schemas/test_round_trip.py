@@ -35,7 +35,7 @@ def test_json_schema_names_every_field_and_the_kafka_facts():
 
 
 def test_malformed_json_is_a_decode_error_not_a_crash():
-    from fleetpulse.errors import DecodeError
+    from core.errors import DecodeError
 
     for raw in (b"{", b"\xff\xfe", None):
         with pytest.raises(DecodeError):

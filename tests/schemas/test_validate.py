@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.codec import encode
 from schemas.tables import TABLE_BY_TOPIC
 from schemas.topics import NCCL, SAMPLES, TOPICS, XID

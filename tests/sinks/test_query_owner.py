@@ -10,9 +10,9 @@ import urllib.request
 import orjson
 import pytest
 
-from fleetpulse.errors import StoreError
+from core.errors import StoreError
 from fleetpulse.query import ask_owner
-from fleetpulse.settings import load
+from core.settings import load
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings

@@ -9,8 +9,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import load
+from schemas.provision import ensure_topics
+from core.settings import load
 from schemas.codec import encode
 from schemas.dead_letter import original
 from schemas.telemetry import GpuReading, HostSample
@@ -136,7 +136,7 @@ async def test_live_table_drift_stops_the_sink_at_start(settings):
     client = store.connect(settings)
     store.apply_schema(client, settings)
     client.command("ALTER TABLE gpu_samples MODIFY COLUMN hbm_temp_c Nullable(Float32)")
-    from fleetpulse.errors import StoreError
+    from core.errors import StoreError
 
     with pytest.raises(StoreError, match="gpu_samples"):
         await run_sink(ClickHouseSink(settings), asyncio.Event())

@@ -7,8 +7,8 @@ import json
 import faust
 import pytest
 
-from fleetpulse.errors import ConfigError
-from fleetpulse.settings import load
+from core.errors import ConfigError
+from core.settings import load
 from schemas.topics import ALERTS, SAMPLES
 from streams.app import app_id, broker_credentials, create_app, metrics_of
 from streams.metrics import StageMetrics

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetpulse.kafka_admin import ensure_topics
+from schemas.provision import ensure_topics
 from schemas.analytics import Alert, DrainEvent, FaultEvent, HealthScore, NodeState
 from schemas.codec import encode
 from schemas.topics import ALERTS, DRAIN, FAULTS, HEALTH, NODE_STATE

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from faust.types import Message
 
-from fleetpulse.settings import load
+from core.settings import load
 from schemas.analytics import FaultEvent
 from schemas.codec import encode
 from streams.app import create_app, metrics_of

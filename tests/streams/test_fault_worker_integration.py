@@ -14,7 +14,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.simulator import FleetSimulator
-from fleetpulse.kafka_admin import ensure_topics
+from schemas.provision import ensure_topics
 from schemas.analytics import FaultEvent
 from schemas.codec import encode
 from schemas.topics import FAULTS, SAMPLES, XID

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from fleetpulse.settings import load
+from core.settings import load
 from schemas.analytics import FaultEvent, HealthScore, StragglerScore
 from schemas.codec import encode
 from schemas.dead_letter import original

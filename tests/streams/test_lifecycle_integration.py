@@ -13,7 +13,7 @@ import pytest
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from fleetpulse.kafka_admin import ensure_topics
+from schemas.provision import ensure_topics
 from schemas.analytics import DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult
 from schemas.codec import encode
 from schemas.topics import DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION, SAMPLES

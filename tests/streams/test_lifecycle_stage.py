@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from fleetpulse.settings import load
+from core.settings import load
 from schemas.analytics import Alert, DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult
 from schemas.codec import encode
 from streams.app import create_app, metrics_of

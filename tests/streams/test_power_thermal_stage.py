@@ -7,7 +7,7 @@ import asyncio
 import orjson
 import pytest
 
-from fleetpulse.settings import load
+from core.settings import load
 from schemas.analytics import Alert
 from schemas.codec import encode
 from streams.app import create_app, metrics_of

@@ -14,8 +14,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from agents.simulator.runner import FleetSimulator, simulate
-from fleetpulse.kafka_admin import ensure_topics
-from fleetpulse.settings import CommonSettings, load
+from schemas.provision import ensure_topics
+from core.settings import CommonSettings, load
 from schemas.analytics import StragglerScore
 from schemas.topics import NCCL, SAMPLES, STRAGGLERS
 from streams.app import app_id

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from faust.types import TP
 
-from fleetpulse.settings import load
+from core.settings import load
 from schemas.analytics import StragglerScore
 from schemas.codec import encode
 from streams import stragglers_stage

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from agents.simulator.fleet import Job, build_fleet
 from agents.simulator.nccl import NcclModel
-from fleetpulse.errors import DecodeError
+from core.errors import DecodeError
 from schemas.topics import NCCL
 from streams.straggler_windows import Batch, JobState, Window
 from streams.stragglers import Config, advance, persist, robust_z, score

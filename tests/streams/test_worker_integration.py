@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from fleetpulse.kafka_admin import ensure_topics
+from schemas.provision import ensure_topics
 from schemas.analytics import Alert
 from schemas.codec import encode
 from schemas.topics import ALERTS, SAMPLES

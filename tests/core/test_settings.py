@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from fleetpulse.errors import ConfigError
-from fleetpulse.settings import CommonSettings, load
+from core.errors import ConfigError
+from core.settings import CommonSettings, load
 from sinks.settings import SinkSettings
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fleetpulse.errors import ConfigError
+from core.errors import ConfigError
 
 
 class CommonSettings(BaseSettings):

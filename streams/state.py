@@ -1,0 +1,15 @@
+"""How stages write keyed state: a table key and its changelog record on the partition of the record that set it."""
+
+from __future__ import annotations
+
+import faust
+
+
+def put(table: faust.Table, partition: int, key: str, value: dict) -> None:
+    """Set a table key, writing its changelog record to `partition`: the partition of the source record.
+
+    Table.__setitem__ takes the partition from faust's *current* event, which inside a take() batch is the
+    batch's last event, not the one that carried this key; the state would then recover on the wrong worker.
+    """
+    table.data[key] = value
+    table.send_changelog(partition, key, value)
