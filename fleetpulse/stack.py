@@ -154,7 +154,7 @@ class Stack:
             from streams.app import app_id
             from streams.registry import select
 
-            inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.inputs})
+            inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.topics()})
             stages.insert(0, ("streams", app_id(s.topic_prefix), inputs, min(30.0, self.args.drain_timeout)))
         for name, group, topics, budget in stages:
             deadline = time.monotonic() + budget

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from enum import Enum
 from typing import Literal
 
@@ -98,6 +99,12 @@ class Alert(_Derived):
     summary: str
     labels: dict[str, str] = Field(default_factory=dict)
     evidence: dict[str, float] = Field(default_factory=dict)
+
+
+def fingerprint(alertname: str, *, host: str = "", gpu_index: int | None = None, rack: str = "") -> str:
+    """Stable across processes and restarts: sha256 of the alert name and the labels that identify its subject."""
+    ident = f"{alertname}|host={host}|gpu={'' if gpu_index is None else gpu_index}|rack={rack}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
 class Penalty(BaseModel):

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faust
+from faust.types import TP
 
 from core.errors import ConfigError
 from core.settings import CommonSettings
 from streams import registry
 from streams.emit import Emitter, TopicEmitter
 from streams.metrics import MetricsRegistry
+from streams.runtime.lane import Lane, Wired
+from streams.runtime.spec import StageSpec
 from streams.settings import StreamsSettings, streams_settings
 
 APP_ID = "fleetpulse-streams"
@@ -24,10 +27,11 @@ class StreamsRuntime:
     """What fleetpulse hangs on the app (`app.fleetpulse`): settings, the stages wired, their counters and agents."""
 
     settings: StreamsSettings
-    stages: list[registry.Stage]
+    stages: list[registry.Stage | StageSpec]
     metrics: MetricsRegistry
     emitter: Emitter
-    agents: dict[str, list]
+    agents: dict[str, list]  # stage name -> its faust agents (a runtime stage: its lane's agent)
+    lanes: list[Lane] = field(default_factory=list)
 
 
 def app_id(prefix: str = "") -> str:
@@ -57,7 +61,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     """
     s = streams_settings(settings)
     chosen = registry.select(stages if stages is not None else s.stages)
-    partitions = {t.partitions for stage in chosen for t in stage.inputs}
+    partitions = {t.partitions for stage in chosen for t in stage.topics()}
     if len(partitions) != 1:
         raise ConfigError(f"stages {[st.name for st in chosen]} read topics of different partition counts {partitions}")
     datadir = Path(workdir or s.data_dir / "streams")
@@ -82,10 +86,24 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     )
     metrics = MetricsRegistry()
     runtime = StreamsRuntime(s, chosen, metrics, emitter or TopicEmitter(app), {})
+    lanes: dict[str, list[Wired]] = {}
     for stage in chosen:
+        if isinstance(stage, StageSpec):
+            lanes.setdefault(stage.lane, []).append(wired(app, stage, s, metrics))
+            continue
         ctx = registry.StageContext(stage.name, s, metrics.stage(stage.name), runtime.emitter,
                                     registry.stage_logger(stage.name))
         runtime.agents[stage.name] = stage.wire(app, ctx)
+    for name, stages in lanes.items():
+        lane = Lane(name, stages, prefix=s.topic_prefix, app_id=app.conf.id, emitter=runtime.emitter,
+                    metrics=metrics, batch_max=s.streams_batch_max,
+                    within_s=min([s.streams_batch_within_s] + [w for st in stages
+                                                               if (w := st.spec.batch_within_s(st.config)) is not None]))
+        channel = app.topic(*lane.sources, key_serializer="raw", value_serializer="raw")
+        agent = app.agent(channel, name=f"lane.{name}", concurrency=1)(lane.run)
+        runtime.lanes.append(lane)
+        for st in stages:
+            runtime.agents[st.spec.name] = [agent]
     app.fleetpulse = runtime
 
     @app.on_rebalance_complete.connect
@@ -96,6 +114,26 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
                  ",".join(st.name for st in chosen), len(assigned))
 
     return app
+
+
+def wired(app: faust.App, spec: StageSpec, s: StreamsSettings, metrics: MetricsRegistry) -> Wired:
+    """A runtime stage with its config built (a malformed one stops start-up here) and its tables registered."""
+    tables = {t.name: app.Table(f"{spec.name}-{t.name}", partitions=t.partitions, help=t.help) for t in spec.tables}
+    return Wired(spec, spec.config(s), tables, metrics.stage(spec.name), registry.stage_logger(spec.name))
+
+
+def stage_lag(app: faust.App) -> dict[str, int]:
+    """Per runtime stage, the records on its inputs' partitions this worker holds and has not processed yet."""
+    def highwater(topic: str, partition: int) -> int | None:
+        try:
+            return app.consumer.highwater(TP(topic, partition))
+        except Exception:  # noqa: BLE001 - not assigned (any more), or the consumer is not started
+            return None
+
+    out: dict[str, int] = {}
+    for lane in app.fleetpulse.lanes:
+        out.update(lane.lag(highwater))
+    return out
 
 
 def metrics_of(app: faust.App) -> MetricsRegistry:

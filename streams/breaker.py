@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.analytics import Alert
-from streams.power_thermal import fingerprint
+from schemas.analytics import fingerprint
 
 ALERTNAME = "FleetDrainBreakerOpen"
 

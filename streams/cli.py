@@ -12,11 +12,12 @@ from pathlib import Path
 import faust
 from aiokafka.admin import NewTopic
 
-from core.errors import BrokerError
+from core.errors import BrokerError, ConfigError
 from core.kafka_admin import create_missing
 from schemas.provision import ensure_topics
 from schemas.topics import INTERNAL
-from streams.app import create_app
+from streams.app import create_app, metrics_of, stage_lag
+from streams.metrics_server import serve
 from streams.registry import STAGES
 from streams.settings import streams_settings
 
@@ -71,6 +72,15 @@ def run(args: argparse.Namespace) -> int:
             log.info("worker start-up took %.1fs (to first completed rebalance)", time.monotonic() - started)
             started = None
 
+    server = None
+    if settings.streams_metrics_port is not None:
+        try:
+            server = serve(metrics_of(app), settings.streams_metrics_port, settings.streams_metrics_addr,
+                           lag=lambda: stage_lag(app))
+        except OSError as exc:
+            loop.close()
+            raise ConfigError(f"FLEETPULSE_STREAMS_METRICS_PORT {settings.streams_metrics_port}: {exc.strerror}") \
+                from exc
     worker = faust.Worker(app, loop=loop, loglevel=getattr(args, "loglevel", "info"), quiet=True,
                           redirect_stdouts=False, override_logging=not logging.getLogger().handlers)
     if not sys.stdout.isatty():
@@ -79,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
         worker.execute_from_commandline()  # installs SIGINT/SIGTERM handlers: stop, commit, close the loop
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     return 0
 
 

@@ -22,6 +22,9 @@ class Emitter(Protocol):
     async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
         """Hand one record to the producer; the returned awaitable completes when the broker acknowledged it."""
 
+    async def settle(self, changelog: list[Awaitable]) -> None:
+        """Wait until the broker has these table changelog records."""
+
 
 class TopicEmitter:
     """The production emitter: faust topics with raw serializers, sharing the app's producer."""
@@ -37,6 +40,9 @@ class TopicEmitter:
 
     async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
         return await self.topic(topic).send(key=key, value=value, headers=headers)
+
+    async def settle(self, changelog: list[Awaitable]) -> None:
+        await asyncio.gather(*changelog)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,9 @@ class MemoryEmitter:
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
+
+    async def settle(self, changelog: list[Awaitable]) -> None:
+        """Nothing to wait for: no producer runs; the changelog records stay in its buffer for a test to read."""
 
     def to(self, topic: str) -> list[Sent]:
         return [s for s in self.sent if s.topic == topic]

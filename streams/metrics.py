@@ -1,4 +1,4 @@
-"""Per-stage counters (received, emitted, errored, batch latency), readable in tests and as Prometheus text."""
+"""Per-stage counters (received, emitted, errored, refused, batch latency); streams/metrics_server.py serves them."""
 
 from __future__ import annotations
 
@@ -35,19 +35,6 @@ class StageMetrics:
         return {"received": self.received, "emitted": self.emitted, "errored": self.errored, "refused": self.refused,
                 "batches": self.batches, "latency_sum_s": self.latency_sum_s, "latency_max_s": self.latency_max_s}
 
-    def prometheus(self) -> list[str]:
-        """Exposition-format lines (counters and a latency histogram) with a `stage` label."""
-        lbl = f'stage="{self.stage}"'
-        lines = [f"fleetpulse_stage_{name}_total{{{lbl}}} {getattr(self, name)}"
-                 for name in ("received", "emitted", "errored", "refused")]
-        cumulative = 0
-        for bound, count in zip((*map(str, LATENCY_BUCKETS_S), "+Inf"), self.latency_counts):
-            cumulative += count
-            lines.append(f'fleetpulse_stage_batch_seconds_bucket{{{lbl},le="{bound}"}} {cumulative}')
-        lines.append(f"fleetpulse_stage_batch_seconds_sum{{{lbl}}} {self.latency_sum_s}")
-        lines.append(f"fleetpulse_stage_batch_seconds_count{{{lbl}}} {self.batches}")
-        return lines
-
 
 class MetricsRegistry(dict[str, StageMetrics]):
     """Stage name -> StageMetrics, and per input topic the records its validator refused (counted once per worker,
@@ -59,8 +46,3 @@ class MetricsRegistry(dict[str, StageMetrics]):
 
     def stage(self, name: str) -> StageMetrics:
         return self.setdefault(name, StageMetrics(name))
-
-    def prometheus(self) -> str:
-        lines = [line for m in self.values() for line in m.prometheus()]
-        lines += [f'fleetpulse_topic_refused_total{{topic="{t}"}} {n}' for t, n in sorted(self.refused.items())]
-        return "\n".join(lines) + "\n"

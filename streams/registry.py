@@ -12,7 +12,9 @@ from core.errors import ConfigError
 from schemas.topics import (
     ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, USABLE, XID, Topic,
 )
-from streams import fault_bins_stage, health_stage, lifecycle_stage, power_thermal_stage, stragglers_stage
+from streams import fault_bins_stage, health_stage, lifecycle_stage, stragglers_stage
+from streams.power_thermal import stage as power_thermal
+from streams.runtime.spec import StageSpec
 from streams.context import StageContext
 
 
@@ -24,10 +26,14 @@ class Stage:
     wire: Callable[[faust.App, StageContext], list]  # registers the stage's agents and tables; returns the agents
     description: str
 
+    def topics(self) -> tuple[Topic, ...]:
+        """The registry topics the stage reads (what its consumer lag is measured on)."""
+        return self.inputs
 
-_STAGES = [
-    Stage("power_thermal", (SAMPLES,), (ALERTS,), power_thermal_stage.wire,
-          "per-GPU limits, throttle bits and rack budgets -> fire/resolve alerts"),
+
+# Stages on the stream runtime (streams/runtime/) are StageSpecs; the rest still wire faust agents of their own.
+_STAGES: list[Stage | StageSpec] = [
+    power_thermal.STAGE,
     Stage("fault_bins", (XID, SAMPLES), (FAULTS,), fault_bins_stage.wire,
           "XID/SXid lines and counter faults -> catalog bin, escalation, deduplicated fault events"),
     Stage("stragglers", (NCCL, SAMPLES), (STRAGGLERS,), stragglers_stage.wire,
@@ -37,10 +43,10 @@ _STAGES = [
     Stage("lifecycle", (HEALTH, FAULTS, REMEDIATION), (NODE_STATE, DRAIN, ALERTS, USABLE), lifecycle_stage.wire,
           "node state machine, fleet-wide drain breaker, repair/validate loop, usable compute per minute"),
 ]
-STAGES: dict[str, Stage] = {s.name: s for s in _STAGES}
+STAGES: dict[str, Stage | StageSpec] = {s.name: s for s in _STAGES}
 
 
-def select(names: list[str] | None) -> list[Stage]:
+def select(names: list[str] | None) -> list[Stage | StageSpec]:
     """The stages to run, in registry order; None or empty means all. Unknown names stop start-up."""
     if not names:
         return list(_STAGES)

@@ -27,6 +27,9 @@ class StreamsSettings(CommonSettings):
     streams_commit_interval_s: float = Field(default=2.8, gt=0, le=60, description="how often offsets commit "
                                              "(faust's default; lag seen from outside is this stale)")
     streams_web_port: int | None = Field(default=None, ge=1024, le=65535, description="faust web; unset = off")
+    streams_metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus /metrics of the "
+                                             "worker's stages (e.g. 9465); unset = off, 0 = any free port")
+    streams_metrics_addr: str = "0.0.0.0"
     streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
     rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
     rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import faust
 
 
-def put(table: faust.Table, partition: int, key: str, value: dict) -> None:
+def put(table: faust.Table, partition: int, key: str, value: dict) -> Awaitable:
     """Set a table key, writing its changelog record to `partition`: the partition of the source record.
 
     Table.__setitem__ takes the partition from faust's *current* event, which inside a take() batch is the
     batch's last event, not the one that carried this key; the state would then recover on the wrong worker.
     """
     table.data[key] = value
-    table.send_changelog(partition, key, value)
+    return table.send_changelog(partition, key, value)  # done once the broker has the changelog record

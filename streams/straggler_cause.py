@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from streams.power_thermal import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
+from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 
 CAUSES = ((HW_THERMAL, "HW thermal slowdown"), (HW_POWER_BRAKE, "HW power brake slowdown"),
           (HW_SLOWDOWN, "HW slowdown"), (SW_THERMAL, "SW thermal slowdown"), (SW_POWER_CAP, "SW power cap"))

@@ -3,7 +3,9 @@ raw topic and the records that used to split the consumers' checks."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+import urllib.request
 import orjson
 import pytest
 
@@ -13,6 +15,7 @@ from schemas.codec import encode
 from schemas.dead_letter import original
 from schemas.topics import NCCL, SAMPLES, TOPICS, XID
 from tests.streams.helpers import gpu, sample
+from tests.conftest import _free_port
 from tests.pipeline import worker_and_sink
 from tests.streams.test_worker_integration import produce, read_all, wait_for
 
@@ -71,9 +74,14 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
         return refused and stored and all(stats[n].dead_letters == len(bad[t]) for n, t in
                                           (("gpu_samples", SAMPLES), ("xid_events", XID), ("nccl_timings", NCCL)))
 
-    log = tmp_path / "worker.log"
-    async with worker_and_sink(log) as sink:
+    log, port = tmp_path / "worker.log", _free_port()
+    async with worker_and_sink(log, env={"FLEETPULSE_STREAMS_METRICS_PORT": str(port)}) as sink:
         await wait_for("every record refused, stored or dead-lettered", settled, 120, log)
+        scrape = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+    # The worker counted each refused sample once, whatever number of its stages read the samples topic.
+    assert f'fleetpulse_topic_refused_total{{topic="{SAMPLES.full(topic_prefix)}"}} {len(bad[SAMPLES]) * 1.0}' \
+        in scrape.decode()
+    assert 'fleetpulse_stage_received_total{stage="power_thermal"}' in scrape.decode()
 
     for topic in TOPICS.values():
         letters = [original(r.value) for r in await read_all(kafka_bootstrap, topic.dlq(topic_prefix), 1)]

@@ -130,7 +130,7 @@ class Evaluation:
         await self._start_worker()
         from streams.registry import select
 
-        stream_inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.inputs})
+        stream_inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.topics()})
         watch = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
         await watch.start()
         drains = asyncio.create_task(self._follow_drains())

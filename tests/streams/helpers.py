@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from faust.types import Message
+
 from schemas.telemetry import GpuReading, HostSample
 
 H100 = dict(slowdown_temp_c=89.0, shutdown_temp_c=92.0, gpu_max_op_temp_c=87.0, hbm_max_op_temp_c=95.0,
@@ -39,3 +41,22 @@ async def until(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+async def put_on(stage, topic: str, value: bytes, key: bytes, partition: int) -> None:
+    """Put a record on an agent under test_context() as the consumer would deliver it from `topic` (stage.put names
+    no topic when the agent reads several)."""
+    channel = stage.stream().channel
+    message = Message(topic=topic, partition=partition, offset=stage.sent_offset, timestamp=time.time(),
+                      timestamp_type=0, headers=None, key=key, value=value, checksum=b"",
+                      generation_id=stage.app.consumer_generation_id)
+    stage.sent_offset += 1
+    await channel.put(await channel.decode(message))
+
+
+def drain_changelog(app) -> list:
+    """The table changelog records a stage queued on the (unstarted) producer."""
+    out, pending = [], app.producer.buffer.pending
+    while not pending.empty():
+        out.append(pending.get_nowait().message)
+    return out

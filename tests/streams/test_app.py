@@ -9,9 +9,11 @@ import pytest
 
 from core.errors import ConfigError
 from core.settings import load
-from schemas.topics import ALERTS, SAMPLES
+from schemas.topics import ALERTS, RACK_POWER, SAMPLES
 from streams.app import app_id, broker_credentials, create_app, metrics_of
 from streams.metrics import StageMetrics
+from streams.metrics_server import exposition
+from streams.power_thermal import stage as power_thermal
 from streams.registry import STAGES, select
 from streams.settings import StreamsSettings, streams_settings
 
@@ -28,23 +30,21 @@ def test_app_is_namespaced_and_configured_from_settings(tmp_path):
     assert app.conf.consumer_auto_offset_reset == "earliest" and not app.conf.web_enabled
     assert app.conf.value_serializer == "raw" and app.conf.datadir == tmp_path / "streams"
     agents = app.fleetpulse.agents["power_thermal"]
-    assert [a.name for a in agents] == ["power_thermal"]  # no rack budgets: no rack stage
+    assert [a.name for a in agents] == ["lane.telemetry"]  # a runtime stage runs in its lane's agent
     assert all(a.concurrency == 1 for a in agents)
-    assert list(agents[0].channel.topics) == ["ns.fleet.telemetry.samples"]
+    assert list(agents[0].channel.topics) == ["ns.fleet.telemetry.samples", "ns.fleetpulse-streams-power_thermal-rack_power"]
     changelogs = {t.changelog_topic.get_topic_name(): t.partitions for t in app.tables.values()}
-    assert changelogs == {"ns.fleetpulse-streams-power_thermal-hosts-changelog": 8}
+    assert changelogs == {"ns.fleetpulse-streams-power_thermal-hosts-changelog": 8,
+                          "ns.fleetpulse-streams-power_thermal-racks-changelog": 8}
 
 
-def test_rack_budgets_add_the_rack_stage(tmp_path):
+def test_rack_budgets_reach_both_rule_sets(tmp_path):
     inventory = tmp_path / "racks.json"
     inventory.write_text(json.dumps({"r1": 40_000, "r2": 30_000}))
     s = settings(tmp_path, rack_inventory_file=inventory, rack_budgets_w={"r2": 25_000.0})
     assert s.rack_budgets() == {"r1": 40_000.0, "r2": 25_000.0}
-    app = create_app(s, stages=["power_thermal"])
-    assert [a.name for a in app.fleetpulse.agents["power_thermal"]] == ["power_thermal", "power_thermal.racks"]
-    assert sorted(t.changelog_topic.get_topic_name() for t in app.tables.values()) == [
-        "ns.fleetpulse-streams-power_thermal-hosts-changelog", "ns.fleetpulse-streams-power_thermal-racks-changelog"]
-    assert all(a.concurrency == 1 for a in app.agents.values())
+    cfg = power_thermal.config(s)
+    assert cfg.hosts.rack_budgets_w == cfg.racks.budgets_w == {"r1": 40_000.0, "r2": 25_000.0}
 
 
 def test_every_registered_stage_wires_with_concurrency_one_and_namespaced_state(tmp_path):
@@ -57,7 +57,7 @@ def test_every_registered_stage_wires_with_concurrency_one_and_namespaced_state(
 
 def test_stage_selection_and_config_errors(tmp_path, monkeypatch):
     assert [s.name for s in select(None)] == list(STAGES)
-    assert STAGES["power_thermal"].inputs == (SAMPLES,) and STAGES["power_thermal"].outputs == (ALERTS,)
+    assert STAGES["power_thermal"].topics() == (SAMPLES,) and STAGES["power_thermal"].outputs == (ALERTS, RACK_POWER)
     with pytest.raises(ConfigError, match="unknown stage.*nope"):
         create_app(settings(tmp_path), stages=["power_thermal", "nope"])
     monkeypatch.setenv("FLEETPULSE_STAGES", "power_thermal, ")
@@ -83,15 +83,18 @@ def test_security_settings_become_faust_credentials(tmp_path):
     assert isinstance(ssl_only, faust.SSLCredentials)
 
 
-def test_counters_read_in_tests_and_as_prometheus_text(tmp_path):
+def test_counters_read_in_tests_and_as_the_served_prometheus_text(tmp_path):
     app = create_app(settings(tmp_path))
     m = metrics_of(app)["power_thermal"]
     m.received, m.emitted, m.errored = 10, 2, 1
     m.observe_batch(0.003)
     m.observe_batch(0.2)
-    text = metrics_of(app).prometheus()
-    assert 'fleetpulse_stage_received_total{stage="power_thermal"} 10' in text
-    assert 'fleetpulse_stage_errored_total{stage="power_thermal"} 1' in text
-    assert 'fleetpulse_stage_batch_seconds_bucket{stage="power_thermal",le="0.005"} 1' in text
-    assert 'fleetpulse_stage_batch_seconds_bucket{stage="power_thermal",le="+Inf"} 2' in text
+    metrics_of(app).refused["ns.fleet.telemetry.samples"] += 3
+    text = exposition(metrics_of(app), lag=lambda: {"power_thermal": 42})
+    assert 'fleetpulse_stage_received_total{stage="power_thermal"} 10.0' in text
+    assert 'fleetpulse_stage_errored_total{stage="power_thermal"} 1.0' in text
+    assert 'fleetpulse_stage_batch_seconds_bucket{le="0.005",stage="power_thermal"} 1.0' in text
+    assert 'fleetpulse_stage_batch_seconds_bucket{le="+Inf",stage="power_thermal"} 2.0' in text
+    assert 'fleetpulse_topic_refused_total{topic="ns.fleet.telemetry.samples"} 3.0' in text
+    assert 'fleetpulse_stage_lag_records{stage="power_thermal"} 42.0' in text
     assert m.snapshot()["latency_max_s"] == 0.2 and StageMetrics("x").snapshot()["batches"] == 0

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import orjson
 import pytest
-from faust.types import Message
 
 from core.settings import load
 from schemas.analytics import FaultEvent
@@ -18,7 +16,8 @@ from streams.fault_bins_stage import evaluate_isolating
 from streams.fault_settings import FaultBinConfig
 from streams.settings import StreamsSettings
 from tests.streams.test_fault_bins import LINE_13, LINE_79, TS0, host_sample, xid
-from tests.streams.helpers import until
+from tests.streams.helpers import drain_changelog, until
+from tests.streams.helpers import put_on as put
 
 PREFIX = "unit."
 XID_TOPIC, SAMPLES_TOPIC = PREFIX + "fleet.telemetry.xid", PREFIX + "fleet.telemetry.samples"
@@ -37,23 +36,6 @@ def app(tmp_path, emitter):
     app.finalize()
     app.flow_control.resume()
     return app
-
-
-async def put(stage, topic: str, value: bytes, key: bytes, partition: int) -> None:
-    """stage.put names no topic when the agent reads two; build the message as the consumer would."""
-    channel = stage.stream().channel
-    message = Message(topic=topic, partition=partition, offset=stage.sent_offset, timestamp=time.time(),
-                      timestamp_type=0, headers=None, key=key, value=value, checksum=b"",
-                      generation_id=stage.app.consumer_generation_id)
-    stage.sent_offset += 1
-    await channel.put(await channel.decode(message))
-
-
-def drain_changelog(app) -> list:
-    out, pending = [], app.producer.buffer.pending
-    while not pending.empty():
-        out.append(pending.get_nowait().message)
-    return out
 
 
 async def test_stage_bins_both_topics_refuses_bad_records_and_keeps_state_on_the_source_partition(app, emitter,

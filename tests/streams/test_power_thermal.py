@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from schemas.analytics import Alert
 from schemas.topics import SAMPLES
-from streams.power_thermal import (
+from streams.power_thermal.rules import (
     HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, Config, SubjectState, evaluate, fingerprint,
 )
 from tests.streams.helpers import gpu, sample, temps_series

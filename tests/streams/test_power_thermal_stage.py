@@ -1,4 +1,5 @@
-"""The power/thermal faust stage once through agent.test_context(): batching, dead letters, table partitions."""
+"""The power/thermal stage on the stream runtime: its pure step, isolation of a record the rules choke on, and once
+through the telemetry lane's faust agent (refusals counted once, state on the source partition, rack re-keying)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,61 @@ import pytest
 from core.settings import load
 from schemas.analytics import Alert
 from schemas.codec import encode
+from schemas.topics import ALERTS, RACK_POWER, SAMPLES
 from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
-from streams.power_thermal import Config
-from streams.power_thermal_stage import evaluate_isolating
+from streams.power_thermal import stage as pt
+from streams.power_thermal.racks import RackConfig
+from streams.power_thermal.rules import Config
+from streams.runtime.lane import Wired, run_step
+from streams.runtime.spec import Record
+from streams.runtime.state import StepState
 from streams.settings import StreamsSettings
-from tests.streams.helpers import gpu, sample, temps_series, until
+from tests.streams.helpers import drain_changelog, gpu, put_on, sample, temps_series, until
 
 PREFIX = "unit."
+SAMPLES_TOPIC, RACKS_TOPIC = PREFIX + SAMPLES.name, f"{PREFIX}fleetpulse-streams-{RACK_POWER.name}"
+CFG = pt.PowerThermalConfig(Config(rack_budgets_w={"r1": 3_000.0}), RackConfig(budgets_w={"r1": 3_000.0}))
+
+
+def records(samples: list[dict], partition: int = 3) -> list[Record]:
+    return [Record("sample", SAMPLES.check(s), s["host"], SAMPLES_TOPIC, partition, i, 0) for i, s in enumerate(samples)]
+
+
+def test_the_step_alerts_keeps_host_state_and_forwards_rack_power():
+    state = StepState({"hosts": {}, "racks": {}}, {"h1": 3})
+    out = pt.step(records(temps_series("h1", [90] * 5)), state, CFG)
+    alerts = [Alert.model_validate_json(e.value) for e in out if e.to is ALERTS]
+    assert [(a.alertname, a.status, a.gpu_index) for a in alerts] == [
+        ("GpuTempNearShutdown", "firing", 0), ("GpuTempSlowdown", "firing", 0)]
+    assert all(e.log and e.log.startswith("firing ") for e in out if e.to is ALERTS)
+    reports = [orjson.loads(e.value) for e in out if e.to is RACK_POWER]
+    assert len(reports) == 5 and {r["rack"] for r in reports} == {"r1"}
+    assert list(state.writes) == [("hosts", "h1")] and state.get("hosts", "h1")["wm"] == 1_020.0
+
+
+def test_rack_reports_fire_the_rack_budget_alert():
+    reports = [Record("rack_report", pt.check_report({"rack": "r1", "host": h, "ts": 1_000.0 + 10 * i,
+                                                      "power_w": 1_600.0, "complete": True}), "r1", RACKS_TOPIC, 2,
+                      2 * i + k, 0)
+               for i in range(6) for k, h in enumerate(("h1", "h2"))]
+    state = StepState({"hosts": {}, "racks": {}}, {"r1": 2})
+    [alert] = [Alert.model_validate_json(e.value) for e in pt.step(reports, state, CFG)]
+    assert (alert.alertname, alert.status, alert.rack, alert.value, alert.ts) == (
+        "RackPowerOverBudget", "firing", "r1", 3_200.0, 1_030.0)
+    assert state.get("racks", "r1")["alerts"]["RackPowerOverBudget"][1] is True
+
+
+def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
+    good = temps_series("h1", [95.0, 95.0])
+    bad = SAMPLES.check(sample("h2", 1_000.0, [gpu(0, 95.0)]))
+    bad["gpus"][0]["gpu_temp_c"] = "hot"  # got past the validator somehow: the rules raise on it
+    recs = records(good[:1]) + [Record("sample", bad, "h2", SAMPLES_TOPIC, 5, 9, 0)] + records(good[1:])
+    w = Wired(pt.STAGE, CFG, {"hosts": {}, "racks": {}}, None, None)
+    emits, state, failed = run_step(w, recs)
+    assert [(r.key, reason.split(":")[0]) for r, reason in failed] == [("h2", "power_thermal rules failed")]
+    assert [Alert.model_validate_json(e.value).host for e in emits if e.to is ALERTS] == ["h1"]
+    assert {key for _, key in state.writes} == {"h1"}  # the choked record's half-made state is gone
 
 
 @pytest.fixture
@@ -28,76 +76,41 @@ def emitter():
 @pytest.fixture
 def app(tmp_path, emitter):
     settings = load(StreamsSettings, kafka_bootstrap_servers="127.0.0.1:9", topic_prefix=PREFIX,
-                    data_dir=tmp_path, streams_batch_within_s=0.05, rack_budgets_w={"r1": 3_000.0})
+                    data_dir=tmp_path, streams_batch_within_s=0.05, rack_budgets_w={"r1": 3_000.0},
+                    stages=["power_thermal"])
     app = create_app(settings, emitter=emitter)
     app.finalize()
     app.flow_control.resume()
     return app
 
 
-def drain_changelog(app) -> list:
-    """The table changelog records the stage queued on the (unstarted) producer."""
-    out, pending = [], app.producer.buffer.pending
-    while not pending.empty():
-        out.append(pending.get_nowait().message)
-    return out
-
-
-async def test_stage_alerts_refuses_bad_samples_and_keeps_co_partitioned_state(app, emitter):
-    metrics = metrics_of(app)["power_thermal"]
+async def test_the_lane_decodes_once_refuses_once_and_keeps_co_partitioned_state(app, emitter):
+    metrics = metrics_of(app)
     h1 = temps_series("h1", [90] * 5 + [80] * 20)  # fires and resolves on GPU 0
     h2 = temps_series("h2", [60] * 25, t0=1_001.0)  # never alerts
-    async with app.agents["power_thermal"].test_context() as stage:
-        await stage.put(b"\x00 not json", key=b"h9", partition=6)
+    async with app.agents["lane.telemetry"].test_context() as lane:
+        await put_on(lane, SAMPLES_TOPIC, b"\x00 not json", b"h9", 6)
         for a, b in zip(h1, h2):  # interleaved: each batch mixes partitions 3 and 5
-            await stage.put(encode(a), key=b"h1", partition=3)
-            await stage.put(encode(b), key=b"h2", partition=5)
-        await until(lambda: metrics.received == 51 and metrics.batches >= 1 and len(emitter.sent) >= 4)
+            await put_on(lane, SAMPLES_TOPIC, encode(a), b"h1", 3)
+            await put_on(lane, SAMPLES_TOPIC, encode(b), b"h2", 5)
+        await put_on(lane, RACKS_TOPIC, b"{}", b"r1", 2)  # not a report: the worker's own record, dead-lettered
+        await until(lambda: metrics["power_thermal"].received == 50 and len(emitter.to(PREFIX + ALERTS.name)) >= 4)
         await asyncio.sleep(0.2)  # nothing more may follow
 
-    alerts = [Alert.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.alerts")]
+    alerts = [Alert.model_validate_json(s.value) for s in emitter.to(PREFIX + ALERTS.name)]
     assert [(a.alertname, a.status, a.host, a.gpu_index) for a in alerts] == [
         ("GpuTempNearShutdown", "firing", "h1", 0), ("GpuTempSlowdown", "firing", "h1", 0),
         ("GpuTempSlowdown", "resolved", "h1", 0), ("GpuTempNearShutdown", "resolved", "h1", 0)]
-    assert {s.key for s in emitter.to(PREFIX + "fleet.alerts")} == {b"h1"}
-    assert (metrics.emitted, metrics.errored, metrics.refused) == (4, 0, 1)
-    assert emitter.to(PREFIX + "fleet.telemetry.samples.dlq") == []  # the sink dead-letters what the validator refused
+    m = metrics["power_thermal"]
+    assert (m.emitted, m.errored) == (4, 0) and m.batches >= 1
+    assert metrics.refused == {SAMPLES_TOPIC: 1, RACKS_TOPIC: 1}  # once per record, however many stages read it
+    assert emitter.to(SAMPLES_TOPIC + ".dlq") != [] and len(emitter.to(SAMPLES_TOPIC + ".dlq")) == 1
+    assert orjson.loads(emitter.to(SAMPLES_TOPIC + ".dlq")[0].value)["source_topic"] == RACKS_TOPIC  # not the sample
 
-    # Host state recovers where the host's samples live: changelog partition = source partition, per key.
     table = app.tables["power_thermal-hosts"]
     assert table["h1"]["wm"] == h1[-1]["ts"]
-    # nothing firing or pending; resolved alerts stay remembered for the flap window
     assert all(not firing and pending is None for pending, firing, *_ in table["h1"]["alerts"].values())
-    changelog = [m for m in drain_changelog(app)
-                 if m.channel.get_topic_name().endswith("power_thermal-hosts-changelog")]
-    assert changelog and {(orjson.loads(m.key), m.partition) for m in changelog} == {("h1", 3)}
-
-    # Rack power reports (r1, 3 kW budget; 2 hosts x 2 GPUs x 450 W = 1.8 kW) go to the internal topic keyed by rack.
-    reports = [s for s in emitter.sent if s.topic.endswith("power_thermal-rack_power")]
+    changelog = [m for m in drain_changelog(app) if m.channel.get_topic_name().endswith("power_thermal-hosts-changelog")]
+    assert changelog and {(orjson.loads(m.key), m.partition) for m in changelog} == {("h1", 3)}  # h2 never moved
+    reports = emitter.to(RACKS_TOPIC)
     assert len(reports) == 50 and {s.key for s in reports} == {b"r1"}
-
-
-async def test_rack_stage_fires_from_forwarded_reports(app, emitter):
-    reports = [{"rack": "r1", "host": h, "ts": 1_000.0 + 10 * i, "power_w": 1_600.0, "complete": True}
-               for i in range(6) for h in ("h1", "h2")]
-    async with app.agents["power_thermal.racks"].test_context() as stage:
-        await stage.put(b"{}", key=b"r1", partition=2)  # not a report: dead-lettered, the stage goes on
-        for r in reports:
-            await stage.put(orjson.dumps(r), key=b"r1", partition=2)
-        await until(lambda: any(s.topic.endswith("fleet.alerts") for s in emitter.sent))
-    [alert] = [Alert.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.alerts")]
-    assert (alert.alertname, alert.status, alert.rack, alert.value, alert.ts) == (
-        "RackPowerOverBudget", "firing", "r1", 3_200.0, 1_030.0)
-    assert len(emitter.to(PREFIX + "fleet.telemetry.samples.dlq")) == 1
-    assert app.tables["power_thermal-racks"]["r1"]["alerts"]["RackPowerOverBudget"][1] is True
-
-
-def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
-    good = temps_series("h1", [95.0, 95.0])
-    bad = sample("h2", 1_000.0, [gpu(0, 95.0)])
-    bad["seq"] = "not a number"  # got past a lean check: the alert built from it raises
-    items = [("e1", good[0]), ("e-bad", bad), ("e2", good[1])]
-    result, failed = evaluate_isolating(items, {}, Config())
-    assert [(event, reason.split(":")[0]) for event, reason in failed] == [("e-bad", "power_thermal rules failed")]
-    assert [(a.host, a.alertname) for a in result.alerts] == [("h1", "GpuTempNearShutdown")]
-    assert set(result.state) == {"h1"}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 
 from schemas.topics import SAMPLES
-from streams.power_thermal import Config, evaluate, fingerprint
-from streams.rack_power import RackConfig, RackState, evaluate_racks
+from schemas.analytics import fingerprint
+from streams.power_thermal.rules import Config, evaluate
+from streams.power_thermal.racks import RackConfig, RackState, evaluate_racks
 from tests.streams.helpers import gpu, sample
 
 BUDGETS = {"r1": 10_000.0}

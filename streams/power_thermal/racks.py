@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schemas.analytics import Alert
-from streams.power_thermal import AlertState, RackReport, Rule, fingerprint, step
+from schemas.analytics import fingerprint
+from streams.power_thermal.rules import AlertState, RackReport, Rule, step
 
 RACK_RULES = (
     Rule("RackPowerNearBudget", "warning", "rack_power_w", scale=0.9, margin=0.03, relative_margin=True,

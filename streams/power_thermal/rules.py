@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from schemas.analytics import Alert
+from schemas.analytics import Alert, fingerprint
+from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 
-# NVML clocks-event (throttle) reason bits (REFERENCE.md section 4).
-SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 # GpuReading fields the rules read, in column order of the batch matrix.
 FIELDS = ("gpu_temp_c", "slowdown_temp_c", "shutdown_temp_c", "gpu_max_op_temp_c", "hbm_temp_c",
           "hbm_max_op_temp_c", "power_w", "power_limit_w")
@@ -141,12 +139,6 @@ class Evaluation:
     alerts: list[Alert]
     state: dict[str, SubjectState]  # only the subjects that changed
     rack_reports: list[RackReport]
-
-
-def fingerprint(alertname: str, *, host: str = "", gpu_index: int | None = None, rack: str = "") -> str:
-    """Stable across processes and restarts: sha256 of the alert name and the labels that identify its subject."""
-    ident = f"{alertname}|host={host}|gpu={'' if gpu_index is None else gpu_index}|rack={rack}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
 def step(st: AlertState, ts: float, value: float, on: bool, off: bool, rule: Rule, max_gap_s: float):

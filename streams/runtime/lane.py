@@ -1,0 +1,173 @@
+"""One lane: a faust agent over the lane's input topics whose batch loop runs every stage of the lane, once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.types import EventT
+
+from core.errors import DecodeError
+from schemas.codec import decode as json_decode
+from schemas.topics import InternalTopic, Topic
+from streams.emit import Emitter, send_dead_letter
+from streams.metrics import MetricsRegistry, StageMetrics
+from streams.runtime.spec import Emit, Record, StageSpec, Target
+from streams.runtime.state import StepState
+
+log = logging.getLogger("fleetpulse.streams.runtime")
+
+
+@dataclass
+class Wired:
+    """A stage as the runtime holds it: its spec, built config, faust tables, counters and logger."""
+
+    spec: StageSpec
+    config: Any
+    tables: dict[str, faust.Table]
+    metrics: StageMetrics
+    log: logging.LoggerAdapter
+
+
+@dataclass
+class Source:
+    """One input topic of a lane: how its records are decoded and checked, and which stages read them as what."""
+
+    name: str
+    decode: Callable[[bytes | None], Any]
+    registry: bool  # a refused record is the sink's to dead-letter (it reads every registry topic)
+    dlq: str  # where this worker dead-letters the topic's records (internal refusals, rules that raised)
+    readers: list[tuple[Wired, str]] = field(default_factory=list)
+
+
+def _internal_decoder(check: Callable[[Any], Any] | None) -> Callable[[bytes | None], Any]:
+    def decode(raw: bytes | None) -> Any:
+        value = json_decode(raw)
+        return check(value) if check is not None else value
+    return decode
+
+
+class Lane:
+    """The batch loop of one lane; `target_name` resolves where an Emit goes on this cluster."""
+
+    def __init__(self, name: str, stages: Sequence[Wired], *, prefix: str, app_id: str, emitter: Emitter,
+                 metrics: MetricsRegistry, batch_max: int, within_s: float):
+        self.name, self.stages, self.emitter, self.metrics = name, list(stages), emitter, metrics
+        self.prefix, self.app_id, self.batch_max, self.within_s = prefix, app_id, batch_max, within_s
+        self.sources: dict[str, Source] = {}
+        self._events: dict[tuple[str, int, int], EventT] = {}
+        self.position: dict[tuple[str, int], int] = {}  # next offset to process, per input partition (for lag)
+        for w in self.stages:
+            for i in w.spec.inputs:
+                full = self.target_name(i.topic)
+                src = self.sources.get(full)
+                if src is None:
+                    registry = isinstance(i.topic, Topic)
+                    src = self.sources[full] = Source(
+                        full, i.topic.decode if registry else _internal_decoder(i.check), registry,
+                        (i.topic if registry else i.topic.dead_letters).dlq(prefix))
+                src.readers.append((w, i.kind))
+
+    def lag(self, highwater: Callable[[str, int], int | None]) -> dict[str, int]:
+        """Per stage: records past what this lane has processed on the input partitions it has taken records from."""
+        out = {w.spec.name: 0 for w in self.stages}
+        for (topic, partition), position in list(self.position.items()):
+            end = highwater(topic, partition)
+            if end is None or topic not in self.sources:
+                continue
+            for w, _ in self.sources[topic].readers:
+                out[w.spec.name] += max(0, end - position)
+        return out
+
+    def target_name(self, t: Target) -> str:
+        return t.full(self.app_id) if isinstance(t, InternalTopic) else t.full(self.prefix)
+
+    async def run(self, stream) -> None:
+        async for events in stream.take_events(self.batch_max, within=self.within_s):
+            await self.batch(events)
+
+    async def batch(self, events: Sequence[EventT]) -> None:
+        """Decode once, step every stage, send, await acks, then write state; faust acks the events after this."""
+        started = time.perf_counter()
+        pending: list[Awaitable] = []
+        by_stage: dict[str, list[Record]] = {}
+        self._events = {}
+        for event in events:
+            msg = event.message
+            self._events[(msg.topic, msg.partition, msg.offset)] = event
+            self.position[(msg.topic, msg.partition)] = msg.offset + 1
+            src = self.sources.get(msg.topic)
+            if src is None:
+                log.error("lane %s got a record of %s, which none of its stages reads", self.name, msg.topic)
+                continue
+            try:
+                value = src.decode(msg.value)
+            except DecodeError as exc:
+                await self._refuse(pending, src, event, str(exc))
+                continue
+            key = msg.key.decode(errors="replace") if msg.key is not None else None
+            for w, kind in src.readers:
+                by_stage.setdefault(w.spec.name, []).append(
+                    Record(kind, value, key, msg.topic, msg.partition, msg.offset, msg.timestamp or 0))
+        done: list[tuple[Wired, StepState]] = []
+        for w in self.stages:
+            records = by_stage.get(w.spec.name)
+            if not records:
+                continue
+            w.metrics.received += len(records)
+            emits, state, failed = run_step(w, records)
+            for rec, reason in failed:
+                w.metrics.errored += 1
+                w.log.warning("dead-lettered %s[%s]@%s: %s", rec.source, rec.partition, rec.offset, reason)
+                event = self._events[(rec.source, rec.partition, rec.offset)]
+                pending.append(await send_dead_letter(self.emitter, self.sources[rec.source].dlq, event, reason,
+                                                      f"streams.{w.spec.name}"))
+            for e in emits:
+                pending.append(await self.emitter.send(self.target_name(e.to), e.key, e.value))
+                if e.log:
+                    w.log.info("%s", e.log)
+            w.metrics.emitted += sum(1 for e in emits if isinstance(e.to, Topic))
+            done.append((w, state))
+        await asyncio.gather(*pending)  # outputs acknowledged before state is written
+        changelog = [sent for _, state in done for sent in state.flush()]
+        await self.emitter.settle(changelog)  # state durable before faust may commit these offsets
+        for w, _ in done:
+            w.metrics.observe_batch(time.perf_counter() - started)
+
+    async def _refuse(self, pending: list[Awaitable], src: Source, event: EventT, reason: str) -> None:
+        msg = event.message
+        self.metrics.refused[src.name] += 1
+        if src.registry:  # counted and logged once here; the sink writes its one dead letter
+            log.warning("refused %s[%s]@%s (the sink dead-letters it): %s", msg.topic, msg.partition, msg.offset,
+                        reason)
+            return
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
+        pending.append(await send_dead_letter(self.emitter, src.dlq, event, reason, f"streams.{self.name}"))
+
+
+def run_step(w: Wired, records: Sequence[Record]) -> tuple[list[Emit], StepState, list[tuple[Record, str]]]:
+    """The stage's step over the batch; if it raises, record by record, so only the records it chokes on are refused
+    (their half-made state is dropped, the others' kept)."""
+    partitions = {r.key: r.partition for r in records if r.key is not None}
+    state = StepState(w.tables, partitions)
+    try:
+        return w.spec.step(records, state, w.config), state, []
+    except Exception:  # noqa: BLE001 - a record the validator let through that the rules cannot take
+        state = StepState(w.tables, partitions)
+        emits: list[Emit] = []
+        failed: list[tuple[Record, str]] = []
+        for rec in records:
+            trial = state.child()
+            try:
+                out = w.spec.step([rec], trial, w.config)
+            except Exception as exc:  # noqa: BLE001
+                failed.append((rec, f"{w.spec.name} rules failed: {exc!r}"))
+                continue
+            trial.merge()
+            emits += out
+        return emits, state, failed

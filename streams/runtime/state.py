@@ -1,0 +1,67 @@
+"""Keyed state for one step: reads through to the faust tables, writes held until the runtime flushes them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Any
+
+import faust
+
+from streams.state import put
+
+_ABSENT = object()
+
+
+class StepState:
+    """The State a step gets. `child()` gives a trial view for one record, merged back only if its step succeeded."""
+
+    def __init__(self, tables: Mapping[str, faust.Table], partitions: Mapping[str, int],
+                 parent: StepState | None = None):
+        self.tables, self.partitions, self.parent = tables, partitions, parent
+        self.writes: dict[tuple[str, str], tuple[Any, bool, int | None]] = {}
+
+    def get(self, table: str, key: str, default: Any = None) -> Any:
+        hit = self.writes.get((table, key), _ABSENT)
+        if hit is not _ABSENT:
+            return hit[0]
+        if self.parent is not None:
+            return self.parent.get(table, key, default)
+        return self.tables[table].get(key, default)
+
+    def put(self, table: str, key: str, value: Any, *, durable: bool = True, partition: int | None = None) -> None:
+        if table not in self.tables:
+            raise KeyError(f"no state table {table!r}; declared: {', '.join(self.tables)}")
+        prior = self.writes.get((table, key))
+        durable = durable or (prior is not None and prior[1])  # a durable write in this batch stays durable
+        self.writes[(table, key)] = (value, durable, partition if partition is not None else (prior or (0, 0, None))[2])
+
+    def child(self) -> StepState:
+        return StepState(self.tables, self.partitions, parent=self)
+
+    def merge(self) -> None:
+        """Keep a trial view's writes in its parent."""
+        for (table, key), (value, durable, partition) in self.writes.items():
+            self.parent.put(table, key, value, durable=durable, partition=partition)
+
+    def flush(self) -> list[Awaitable]:
+        """Write to the tables, durable writes with their changelog record on the source partition; returns the
+        changelog sends, done once the broker has them."""
+        sent: list[Awaitable] = []
+        for (table, key), (value, durable, partition) in self.writes.items():
+            t = self.tables[table]
+            if not durable:
+                t.data[key] = value
+                continue
+            sent.append(put(t, self._partition(t, key, partition), key, value))
+        self.writes.clear()
+        return sent
+
+    def _partition(self, table: faust.Table, key: str, explicit: int | None) -> int:
+        if explicit is not None:
+            return explicit
+        if key in self.partitions:
+            return self.partitions[key]
+        if (table.partitions or 1) == 1:
+            return 0
+        raise ValueError(f"state key {key!r} of {table.name} is no record's key in this batch: "
+                         "the step must name its partition")
