@@ -10,9 +10,10 @@ import faust
 
 from core.errors import ConfigError
 from schemas.topics import (
-    ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, USABLE, XID, Topic,
+    ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, USABLE, Topic,
 )
-from streams import fault_bins_stage, health_stage, lifecycle_stage, stragglers_stage
+from streams import health_stage, lifecycle_stage, stragglers_stage
+from streams.fault_bins import stage as fault_bins
 from streams.power_thermal import stage as power_thermal
 from streams.runtime.spec import StageSpec
 from streams.context import StageContext
@@ -34,8 +35,7 @@ class Stage:
 # Stages on the stream runtime (streams/runtime/) are StageSpecs; the rest still wire faust agents of their own.
 _STAGES: list[Stage | StageSpec] = [
     power_thermal.STAGE,
-    Stage("fault_bins", (XID, SAMPLES), (FAULTS,), fault_bins_stage.wire,
-          "XID/SXid lines and counter faults -> catalog bin, escalation, deduplicated fault events"),
+    fault_bins.STAGE,
     Stage("stragglers", (NCCL, SAMPLES), (STRAGGLERS,), stragglers_stage.wire,
           "per-rank robust z of compute or arrival lateness, K of N windows, GPU throttle/temperature -> scores"),
     Stage("health", (SAMPLES, FAULTS, STRAGGLERS, REMEDIATION), (HEALTH,), health_stage.wire,

@@ -12,7 +12,7 @@ from pydantic_settings import NoDecode
 from core.errors import ConfigError
 from core.settings import CommonSettings
 from streams.breaker import BreakerConfig
-from streams.fault_settings import FaultBinConfig
+from streams.fault_bins.config import FaultBinConfig
 from streams.health import HealthConfig
 from streams.lifecycle import LifecycleConfig
 

@@ -10,9 +10,9 @@ import pytest
 
 from agents.kernel_log import KernelLogParser
 from schemas.analytics import FaultEvent
-from streams.fault_bins import DEFAULTS, check_record, evaluate
-from streams.fault_settings import FaultBinConfig
-from streams.fault_state import HostState
+from streams.fault_bins.rules import DEFAULTS, check_record, evaluate
+from streams.fault_bins.config import FaultBinConfig
+from streams.fault_bins.host_state import HostState
 from tests.streams.helpers import gpu, sample
 
 TS0 = 1_700_000_000.0

@@ -1,4 +1,5 @@
-"""The fault-bin faust stage once through agent.test_context(): both topics, dead letters, table partitions."""
+"""The fault-bin stage on the stream runtime, once through the telemetry lane's faust agent: both topics, refusals,
+table partitions; and a record the rules choke on, isolated by the runtime's step."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from schemas.analytics import FaultEvent
 from schemas.codec import encode
 from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
-from streams.fault_bins_stage import evaluate_isolating
-from streams.fault_settings import FaultBinConfig
+from streams.fault_bins import stage as fault_bins
+from streams.fault_bins.config import FaultBinConfig
+from streams.runtime.lane import Wired, run_step
+from streams.runtime.spec import Record
 from streams.settings import StreamsSettings
 from tests.streams.test_fault_bins import LINE_13, LINE_79, TS0, host_sample, xid
 from tests.streams.helpers import drain_changelog, until
@@ -42,7 +45,7 @@ async def test_stage_bins_both_topics_refuses_bad_records_and_keeps_state_on_the
                                                                                                    caplog):
     metrics = metrics_of(app)["fault_bins"]
     h1 = [host_sample(TS0 + k, seq=k, absent=(2,) if k >= 2 else ()) for k in range(5)]  # GPU 2 gone from t=2
-    async with app.agents["fault_bins"].test_context() as stage:
+    async with app.agents["lane.telemetry"].test_context() as stage:
         await put(stage, XID_TOPIC, b"\x00 not json", b"h9", 6)
         await put(stage, SAMPLES_TOPIC, orjson.dumps({"host": "h9", "ts": 5.0, "gpus": "none"}), b"h9", 6)
         for k, (_, s) in enumerate(h1):
@@ -51,14 +54,15 @@ async def test_stage_bins_both_topics_refuses_bad_records_and_keeps_state_on_the
                 await put(stage, XID_TOPIC, encode(xid(LINE_79, TS0 + 1.5)[1]), b"h1", 3)
         for i in range(50):  # a storm on h2: one event now, the rest folded
             await put(stage, XID_TOPIC, encode(xid(LINE_13, TS0 + 0.01 * i, host="h2")[1]), b"h2", 5)
-        await until(lambda: metrics.received == 58 and len(emitter.to(PREFIX + "fleet.faults")) >= 3)
+        await until(lambda: metrics.received == 56 and len(emitter.to(PREFIX + "fleet.faults")) >= 3)
         await asyncio.sleep(0.2)  # nothing more may follow
 
     faults = [(s.key, FaultEvent.model_validate_json(s.value)) for s in emitter.to(PREFIX + "fleet.faults")]
     assert sorted((k, f.host, f.gpu_index, f.code, f.bin, f.count) for k, f in faults) == [
         (b"h1", "h1", 2, "gpu_lost", "reboot", 1), (b"h1", "h1", 2, "xid:79", "reboot", 1),
         (b"h2", "h2", 0, "xid:13", "retry", 1)]
-    assert (metrics.emitted, metrics.errored, metrics.refused, metrics.batches >= 1) == (3, 0, 2, True)
+    assert (metrics.emitted, metrics.errored, metrics.batches >= 1) == (3, 0, True)
+    assert metrics_of(app).refused == {XID_TOPIC: 1, SAMPLES_TOPIC: 1}
     # Refused by the topics' validators, and left to the sink to dead-letter: one dead letter per bad record.
     assert emitter.to(XID_TOPIC + ".dlq") == [] and emitter.to(SAMPLES_TOPIC + ".dlq") == []
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
@@ -74,8 +78,10 @@ async def test_stage_bins_both_topics_refuses_bad_records_and_keeps_state_on_the
 
 def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
     good = [xid(LINE_79, TS0), xid(LINE_13, TS0 + 1)]
-    bad = ("xid", {"host": "h2", "ts": "soon", "code": 79})  # got past a lean check: ordering it raises
-    items = [("e1", good[0]), ("e-bad", bad), ("e2", good[1])]
-    result, failed = evaluate_isolating(items, {"h1": None, "h2": None}, FaultBinConfig())
-    assert [(event, reason.split(":")[0]) for event, reason in failed] == [("e-bad", "fault_bins rules failed")]
-    assert [f.code for f in result.faults] == ["xid:79", "xid:13"] and set(result.state) == {"h1"}
+    bad = {"host": "h2", "ts": "soon", "code": 79}  # got past the validator somehow: ordering it raises
+    recs = [Record(kind, value, value["host"], XID_TOPIC, 3, i, 0)
+            for i, (kind, value) in enumerate([good[0], ("xid", bad), good[1]])]
+    emits, state, failed = run_step(Wired(fault_bins.STAGE, FaultBinConfig(), {"hosts": {}}, None, None), recs)
+    assert [(r.offset, reason.split(":")[0]) for r, reason in failed] == [(1, "fault_bins rules failed")]
+    assert [FaultEvent.model_validate_json(e.value).code for e in emits] == ["xid:79", "xid:13"]
+    assert {key for _, key in state.writes} == {"h1"}

@@ -7,8 +7,8 @@ import pytest
 from agents.simulator import FleetSimulator
 from agents.simulator.xid import EXPECTED_BIN
 from schemas.analytics import FaultBin
-from streams.fault_bins import DEFAULTS, check_record
-from streams.fault_settings import FaultBinConfig, rule_table
+from streams.fault_bins.rules import DEFAULTS, check_record
+from streams.fault_bins.config import FaultBinConfig, rule_table
 from tests.streams.test_fault_bins import TS0, Table, host_sample
 
 SEVERITY = {b.value: i for i, b in enumerate(FaultBin)}  # mildest first

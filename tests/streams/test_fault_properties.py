@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from schemas.analytics import FaultBin
 from schemas.events import XidEvent
-from streams.fault_bins import check_record
-from streams.fault_settings import FaultBinConfig
+from streams.fault_bins.rules import check_record
+from streams.fault_bins.config import FaultBinConfig
 from tests.streams.helpers import gpu, sample
 from tests.streams.test_fault_bins import TS0, Table
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.analytics import FaultBin
-from streams.fault_settings import FaultBinConfig
-from streams.fault_state import Finding, GpuMemo, HostState, norm_pci
+from streams.fault_bins.config import FaultBinConfig
+from streams.fault_bins.host_state import Finding, GpuMemo, HostState, norm_pci
 
 # The GpuReading fields the rules remember, in GpuMemo.last order.
 FIELDS = ("ecc_dbe_volatile", "ecc_dbe_aggregate", "pcie_replay_count", "nvlink_crc_errors",

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 from schemas.analytics import FaultBin, FaultEvent
 from schemas.topics import SAMPLES, XID
 from schemas.xid_catalog import RECOVERY_ACTIONS, first_bin, lookup
-from streams.fault_counters import apply_sample
-from streams.fault_settings import FaultBinConfig
-from streams.fault_state import Finding, GpuMemo, HostState, close_due, norm_pci, record
+from streams.fault_bins.counters import apply_sample
+from streams.fault_bins.config import FaultBinConfig
+from streams.fault_bins.host_state import Finding, GpuMemo, HostState, close_due, norm_pci, record
 
 FATAL = frozenset({FaultBin.RESET.value, FaultBin.REBOOT.value})
 FOLLOWERS = frozenset({"workflow_45", "workflow_154"})  # bins that echo another Xid: that Xid escalates, not these
@@ -152,7 +152,7 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
     """Apply a batch of checked XidEvent and HostSample dicts in event-time order to prior per-host state.
 
     Returns the FaultEvents, and the host states worth writing (changed in a way a rule reads, or unwritten for
-    state_flush_s); streams.fault_settings.rule_table lists the rules. `now` also closes every window ended by
+    state_flush_s); streams.fault_bins.config.rule_table lists the rules. `now` also closes every window ended by
     then, of every host in `state`. The prior states are copied first unless `owned` hands them over.
     """
     hosts: dict[str, HostState] = {}

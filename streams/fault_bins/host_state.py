@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from schemas.pci import normalize_pci
 from schemas.analytics import FaultEvent
-from streams.fault_settings import FaultBinConfig
+from streams.fault_bins.config import FaultBinConfig
 
 VERSION = 1
 

@@ -1,0 +1,41 @@
+"""The fault-bin stage: XID/SXid events and host samples (co-partitioned by host) -> binned, deduplicated faults."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from schemas.codec import encode
+from schemas.topics import FAULTS, SAMPLES, XID
+from streams.fault_bins.config import FaultBinConfig, fault_config
+from streams.fault_bins.host_state import HostState
+from streams.fault_bins.rules import evaluate
+from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Table
+
+HOSTS = "hosts"
+log = logging.getLogger("fleetpulse.streams.fault_bins")
+
+
+def step(records: Sequence[Record], state: State, cfg: FaultBinConfig) -> list[Emit]:
+    """One host's XIDs and samples meet its state (GPU counter memory, fault history, open dedup windows)."""
+    prior = {h: HostState.from_json(state.get(HOSTS, h)) for h in {r.value["host"] for r in records}}
+    result = evaluate([(r.kind, r.value) for r in records], prior, cfg, owned=True)
+    for host, st in result.state.items():
+        state.put(HOSTS, host, st.to_json())
+    if result.stats["replayed"]:  # after a restart: records the state had already applied
+        log.info("[fault_bins] skipped %d replayed records", result.stats["replayed"])
+    return [Emit(FAULTS, f.host.encode(), encode(f), f"fault {f.evidence.get('emission')} {f.host} gpu={f.gpu_index} "
+                 f"{f.code} -> {f.bin} ({f.rule}) count={f.count}") for f in result.faults]
+
+
+STAGE = StageSpec(
+    name="fault_bins",
+    description="XID/SXid lines and counter faults -> catalog bin, escalation, deduplicated fault events",
+    lane="telemetry",
+    inputs=(Input(XID, "xid"), Input(SAMPLES, "sample")),
+    outputs=(FAULTS,),
+    tables=(Table(HOSTS, "per-host GPU counter memory, fault history and open dedup windows (keyed by host)"),),
+    config=fault_config,
+    step=step,
+    batch_within_s=lambda cfg: cfg.batch_within_s,
+)
