@@ -25,11 +25,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def topics(prefix: str) -> tuple[str, str]:
-    """The breaker's command topic and its state's changelog (see streams/lifecycle_stage.py)."""
+    """The breaker's command topic and its state's changelog (see streams/lifecycle/stage.py)."""
     from streams.app import app_id
-    from streams.lifecycle_stage import fleet_topic
+    from schemas.topics import LIFECYCLE_FLEET
 
-    return fleet_topic(app_id(prefix)), f"{app_id(prefix)}-lifecycle-fleet-changelog"
+    return LIFECYCLE_FLEET.full(app_id(prefix)), f"{app_id(prefix)}-lifecycle-fleet-changelog"
 
 
 async def read_state(client_args: dict, changelog: str, timeout: float = 30.0) -> dict:

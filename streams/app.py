@@ -89,21 +89,23 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     lanes: dict[str, list[Wired]] = {}
     for stage in chosen:
         if isinstance(stage, StageSpec):
-            lanes.setdefault(stage.lane, []).append(wired(app, stage, s, metrics))
+            for w in wired(app, stage, s, metrics):
+                lanes.setdefault(w.step.lane, []).append(w)
             continue
         ctx = registry.StageContext(stage.name, s, metrics.stage(stage.name), runtime.emitter,
                                     registry.stage_logger(stage.name))
         runtime.agents[stage.name] = stage.wire(app, ctx)
+    counted: set[str] = set()
     for name, stages in lanes.items():
         lane = Lane(name, stages, prefix=s.topic_prefix, app_id=app.conf.id, emitter=runtime.emitter,
-                    metrics=metrics, batch_max=s.streams_batch_max,
+                    metrics=metrics, batch_max=s.streams_batch_max, counted=counted,
                     within_s=min([s.streams_batch_within_s] + [w for st in stages
-                                                               if (w := st.spec.batch_within_s(st.config)) is not None]))
+                                                               if (w := st.step.batch_within_s(st.config)) is not None]))
         channel = app.topic(*lane.sources, key_serializer="raw", value_serializer="raw")
         agent = app.agent(channel, name=f"lane.{name}", concurrency=1)(lane.run)
         runtime.lanes.append(lane)
         for st in stages:
-            runtime.agents[st.spec.name] = [agent]
+            runtime.agents.setdefault(st.spec.name, []).append(agent)
     app.fleetpulse = runtime
 
     @app.on_rebalance_complete.connect
@@ -116,10 +118,11 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     return app
 
 
-def wired(app: faust.App, spec: StageSpec, s: StreamsSettings, metrics: MetricsRegistry) -> Wired:
-    """A runtime stage with its config built (a malformed one stops start-up here) and its tables registered."""
+def wired(app: faust.App, spec: StageSpec, s: StreamsSettings, metrics: MetricsRegistry) -> list[Wired]:
+    """A runtime stage's steps with its config built (a malformed one stops start-up here) and its tables registered."""
     tables = {t.name: app.Table(f"{spec.name}-{t.name}", partitions=t.partitions, help=t.help) for t in spec.tables}
-    return Wired(spec, spec.config(s), tables, metrics.stage(spec.name), registry.stage_logger(spec.name))
+    config, m, log = spec.config(s), metrics.stage(spec.name), registry.stage_logger(spec.name)
+    return [Wired(spec, step, config, tables, m, log) for step in spec.steps]
 
 
 def stage_lag(app: faust.App) -> dict[str, int]:

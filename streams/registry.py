@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import faust
 
 from core.errors import ConfigError
-from schemas.topics import (
-    ALERTS, DRAIN, FAULTS, HEALTH, NCCL, NODE_STATE, REMEDIATION, SAMPLES, STRAGGLERS, USABLE, Topic,
-)
-from streams import health_stage, lifecycle_stage, stragglers_stage
+from schemas.topics import NCCL, SAMPLES, STRAGGLERS, Topic
+from streams import stragglers_stage
+from streams.lifecycle import stage as lifecycle
+from streams.health import stage as health
 from streams.fault_bins import stage as fault_bins
 from streams.power_thermal import stage as power_thermal
 from streams.runtime.spec import StageSpec
@@ -38,10 +38,8 @@ _STAGES: list[Stage | StageSpec] = [
     fault_bins.STAGE,
     Stage("stragglers", (NCCL, SAMPLES), (STRAGGLERS,), stragglers_stage.wire,
           "per-rank robust z of compute or arrival lateness, K of N windows, GPU throttle/temperature -> scores"),
-    Stage("health", (SAMPLES, FAULTS, STRAGGLERS, REMEDIATION), (HEALTH,), health_stage.wire,
-          "hard gates and weighted penalties per GPU and node -> 0-100 scores with reasons, on change and heartbeat"),
-    Stage("lifecycle", (HEALTH, FAULTS, REMEDIATION), (NODE_STATE, DRAIN, ALERTS, USABLE), lifecycle_stage.wire,
-          "node state machine, fleet-wide drain breaker, repair/validate loop, usable compute per minute"),
+    health.STAGE,
+    lifecycle.STAGE,
 ]
 STAGES: dict[str, Stage | StageSpec] = {s.name: s for s in _STAGES}
 

@@ -11,10 +11,10 @@ from pydantic_settings import NoDecode
 
 from core.errors import ConfigError
 from core.settings import CommonSettings
-from streams.breaker import BreakerConfig
+from streams.lifecycle.breaker import BreakerConfig
 from streams.fault_bins.config import FaultBinConfig
-from streams.health import HealthConfig
-from streams.lifecycle import LifecycleConfig
+from streams.health.rules import HealthConfig
+from streams.lifecycle.rules import LifecycleConfig
 
 
 class StreamsSettings(CommonSettings):

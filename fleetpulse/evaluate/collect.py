@@ -63,8 +63,8 @@ def _injected_at(truth: list[dict], xid: list[dict]) -> dict[str, float]:
 
 def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHouseSink) -> dict:
     """The JSON report of one run."""
-    from streams.breaker import BreakerConfig, cap
-    from streams.lifecycle import LifecycleConfig
+    from streams.lifecycle.breaker import BreakerConfig, cap
+    from streams.lifecycle.rules import LifecycleConfig
 
     p = ev.plan
     lifecycle = LifecycleConfig.model_validate_json(p.streams_env.get("FLEETPULSE_LIFECYCLE", "{}"))

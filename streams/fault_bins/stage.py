@@ -10,7 +10,7 @@ from schemas.topics import FAULTS, SAMPLES, XID
 from streams.fault_bins.config import FaultBinConfig, fault_config
 from streams.fault_bins.host_state import HostState
 from streams.fault_bins.rules import evaluate
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Table
+from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
 
 HOSTS = "hosts"
 log = logging.getLogger("fleetpulse.streams.fault_bins")
@@ -31,11 +31,9 @@ def step(records: Sequence[Record], state: State, cfg: FaultBinConfig) -> list[E
 STAGE = StageSpec(
     name="fault_bins",
     description="XID/SXid lines and counter faults -> catalog bin, escalation, deduplicated fault events",
-    lane="telemetry",
-    inputs=(Input(XID, "xid"), Input(SAMPLES, "sample")),
+    steps=(Step("telemetry", (Input(XID, "xid"), Input(SAMPLES, "sample")), step,
+                batch_within_s=lambda cfg: cfg.batch_within_s),),
     outputs=(FAULTS,),
     tables=(Table(HOSTS, "per-host GPU counter memory, fault history and open dedup windows (keyed by host)"),),
     config=fault_config,
-    step=step,
-    batch_within_s=lambda cfg: cfg.batch_within_s,
 )

@@ -14,7 +14,7 @@ from schemas.codec import encode
 from schemas.topics import ALERTS, RACK_POWER, SAMPLES
 from streams.power_thermal.racks import RackConfig, RackState, evaluate_racks
 from streams.power_thermal.rules import Config, RackReport, SubjectState, evaluate
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Table
+from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
 
 HOSTS, RACKS = "hosts", "racks"
 
@@ -70,11 +70,9 @@ def step(records: Sequence[Record], state: State, cfg: PowerThermalConfig) -> li
 STAGE = StageSpec(
     name="power_thermal",
     description="per-GPU limits, throttle bits and rack budgets -> fire/resolve alerts",
-    lane="telemetry",
-    inputs=(Input(SAMPLES, "sample"), Input(RACK_POWER, "rack_report", check_report)),
+    steps=(Step("telemetry", (Input(SAMPLES, "sample"), Input(RACK_POWER, "rack_report", check_report)), step),),
     outputs=(ALERTS, RACK_POWER),
     tables=(Table(HOSTS, "per-host GPU alert state (keyed by host, like the samples)"),
             Table(RACKS, "per-rack host power and rack alert state (keyed by rack)")),
     config=config,
-    step=step,
 )

@@ -17,7 +17,7 @@ from schemas.codec import decode as json_decode
 from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
 from streams.metrics import MetricsRegistry, StageMetrics
-from streams.runtime.spec import Emit, Record, StageSpec, Target
+from streams.runtime.spec import Emit, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
 
 log = logging.getLogger("fleetpulse.streams.runtime")
@@ -25,13 +25,15 @@ log = logging.getLogger("fleetpulse.streams.runtime")
 
 @dataclass
 class Wired:
-    """A stage as the runtime holds it: its spec, built config, faust tables, counters and logger."""
+    """One step of a stage as the runtime holds it: the stage, the step, built config, faust tables, counters, logger."""
 
     spec: StageSpec
+    step: Step
     config: Any
     tables: dict[str, faust.Table]
     metrics: StageMetrics
     log: logging.LoggerAdapter
+    memo: dict[str, Any] = field(default_factory=dict)  # the step's in-memory scratch (State.memo)
 
 
 @dataclass
@@ -56,14 +58,14 @@ class Lane:
     """The batch loop of one lane; `target_name` resolves where an Emit goes on this cluster."""
 
     def __init__(self, name: str, stages: Sequence[Wired], *, prefix: str, app_id: str, emitter: Emitter,
-                 metrics: MetricsRegistry, batch_max: int, within_s: float):
+                 metrics: MetricsRegistry, batch_max: int, within_s: float, counted: set[str] | None = None):
         self.name, self.stages, self.emitter, self.metrics = name, list(stages), emitter, metrics
         self.prefix, self.app_id, self.batch_max, self.within_s = prefix, app_id, batch_max, within_s
         self.sources: dict[str, Source] = {}
         self._events: dict[tuple[str, int, int], EventT] = {}
         self.position: dict[tuple[str, int], int] = {}  # next offset to process, per input partition (for lag)
         for w in self.stages:
-            for i in w.spec.inputs:
+            for i in w.step.inputs:
                 full = self.target_name(i.topic)
                 src = self.sources.get(full)
                 if src is None:
@@ -72,6 +74,11 @@ class Lane:
                         full, i.topic.decode if registry else _internal_decoder(i.check), registry,
                         (i.topic if registry else i.topic.dead_letters).dlq(prefix))
                 src.readers.append((w, i.kind))
+        # A topic several lanes read (faults, remediation results) is decoded once per lane; only the first lane
+        # that reads it counts and logs its refusals, so a bad record is counted once per worker.
+        self.counts = set(self.sources) - (counted or set())
+        if counted is not None:
+            counted |= self.counts
 
     def lag(self, highwater: Callable[[str, int], int | None]) -> dict[str, int]:
         """Per stage: records past what this lane has processed on the input partitions it has taken records from."""
@@ -95,7 +102,7 @@ class Lane:
         """Decode once, step every stage, send, await acks, then write state; faust acks the events after this."""
         started = time.perf_counter()
         pending: list[Awaitable] = []
-        by_stage: dict[str, list[Record]] = {}
+        by_stage: dict[int, list[Record]] = {}
         self._events = {}
         for event in events:
             msg = event.message
@@ -112,11 +119,11 @@ class Lane:
                 continue
             key = msg.key.decode(errors="replace") if msg.key is not None else None
             for w, kind in src.readers:
-                by_stage.setdefault(w.spec.name, []).append(
+                by_stage.setdefault(id(w), []).append(
                     Record(kind, value, key, msg.topic, msg.partition, msg.offset, msg.timestamp or 0))
         done: list[tuple[Wired, StepState]] = []
         for w in self.stages:
-            records = by_stage.get(w.spec.name)
+            records = by_stage.get(id(w))
             if not records:
                 continue
             w.metrics.received += len(records)
@@ -130,7 +137,7 @@ class Lane:
             for e in emits:
                 pending.append(await self.emitter.send(self.target_name(e.to), e.key, e.value))
                 if e.log:
-                    w.log.info("%s", e.log)
+                    w.log.log(e.level, "%s", e.log)
             w.metrics.emitted += sum(1 for e in emits if isinstance(e.to, Topic))
             done.append((w, state))
         await asyncio.gather(*pending)  # outputs acknowledged before state is written
@@ -141,30 +148,36 @@ class Lane:
 
     async def _refuse(self, pending: list[Awaitable], src: Source, event: EventT, reason: str) -> None:
         msg = event.message
+        if src.name not in self.counts:
+            return  # another lane of this worker counted it (and, for an internal topic, dead-lettered it)
         self.metrics.refused[src.name] += 1
         if src.registry:  # counted and logged once here; the sink writes its one dead letter
             log.warning("refused %s[%s]@%s (the sink dead-letters it): %s", msg.topic, msg.partition, msg.offset,
                         reason)
             return
         log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
-        pending.append(await send_dead_letter(self.emitter, src.dlq, event, reason, f"streams.{self.name}"))
+        stages = {w.spec.name: w for w, _ in src.readers}
+        for w in stages.values():  # the stage's own internal record: it dead-letters it
+            w.metrics.errored += 1
+        readers = "+".join(stages)
+        pending.append(await send_dead_letter(self.emitter, src.dlq, event, reason, f"streams.{readers}"))
 
 
 def run_step(w: Wired, records: Sequence[Record]) -> tuple[list[Emit], StepState, list[tuple[Record, str]]]:
     """The stage's step over the batch; if it raises, record by record, so only the records it chokes on are refused
     (their half-made state is dropped, the others' kept)."""
     partitions = {r.key: r.partition for r in records if r.key is not None}
-    state = StepState(w.tables, partitions)
+    state = StepState(w.tables, partitions, memo=w.memo)
     try:
-        return w.spec.step(records, state, w.config), state, []
+        return w.step.run(records, state, w.config), state, []
     except Exception:  # noqa: BLE001 - a record the validator let through that the rules cannot take
-        state = StepState(w.tables, partitions)
+        state = StepState(w.tables, partitions, memo=w.memo)
         emits: list[Emit] = []
         failed: list[tuple[Record, str]] = []
         for rec in records:
             trial = state.child()
             try:
-                out = w.spec.step([rec], trial, w.config)
+                out = w.step.run([rec], trial, w.config)
             except Exception as exc:  # noqa: BLE001
                 failed.append((rec, f"{w.spec.name} rules failed: {exc!r}"))
                 continue

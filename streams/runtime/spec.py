@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,36 +51,59 @@ class Emit:
     to: Target
     key: bytes
     value: bytes
-    log: str | None = None  # logged at info once sent: what an operator should see in the worker's log
+    log: str | None = None  # logged once sent: what an operator should see in the worker's log
+    level: int = logging.INFO
 
 
 class State(Protocol):
-    """Keyed state handed to a step: reads see the step's own writes; the runtime flushes them after the outputs."""
+    """Keyed state handed to a step: reads see the step's own writes; the runtime flushes them after the outputs.
+
+    `memo` is this worker's scratch for the step, kept across batches in memory only (lost on a restart, not moved on
+    a rebalance): for pacing what the step sends, never for a decision.
+    """
+
+    memo: dict[str, Any]
 
     def get(self, table: str, key: str, default: Any = None) -> Any: ...
+
+    def scan(self, table: str, prefix: str = "") -> dict[str, Any]:
+        """Every key of `table` starting with `prefix` (a small table's view of everything it holds)."""
 
     def put(self, table: str, key: str, value: Any, *, durable: bool = True, partition: int | None = None) -> None:
         """Set `key`; durable writes reach the changelog (on the partition of the records keyed `key`), the others
         stay in memory (state a restart may lose, recovered up to the last durable write)."""
 
 
-Step = Callable[[Sequence[Record], State, Any], list[Emit]]
+StepFn = Callable[[Sequence[Record], State, Any], list[Emit]]
+
+
+def _no_window(config: Any) -> float | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One batch loop's share of a stage: the lane it runs in, what it reads there, and its pure function."""
+
+    lane: str  # the steps of one lane share one faust agent and batch loop, and so one decode per record
+    inputs: tuple[Input, ...]
+    run: StepFn
+    batch_within_s: Callable[[Any], float | None] = _no_window  # a rule's own batching window, if any
 
 
 @dataclass(frozen=True)
 class StageSpec:
-    """A stage: its stable name (config key, metric label, log field), where it runs, and what it is made of."""
+    """A stage: its stable name (config key, metric label, log field) and what it is made of. Most stages have one
+    step; one whose parts must not wait for each other (a per-node step and one fleet-wide step) has several."""
 
     name: str
     description: str
-    lane: str  # stages of one lane share one consumer and batch loop; a lane owns its input topics
-    inputs: tuple[Input, ...]
+    steps: tuple[Step, ...]
     outputs: tuple[Target, ...]  # each input's dead-letter topic is an output too
-    tables: tuple[Table, ...]
+    tables: tuple[Table, ...]  # shared by the stage's steps
     config: Callable[[Any], Any]  # StreamsSettings -> the stage's rule parameters
-    step: Step
-    batch_within_s: Callable[[Any], float | None] = lambda config: None  # a rule's own batching window, if any
 
     def topics(self) -> tuple[Topic, ...]:
         """The registry topics the stage reads (what its consumer lag is measured on)."""
-        return tuple(i.topic for i in self.inputs if isinstance(i.topic, Topic))
+        found = (i.topic for s in self.steps for i in s.inputs if isinstance(i.topic, Topic))
+        return tuple(dict.fromkeys(found))

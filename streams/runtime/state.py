@@ -16,8 +16,9 @@ class StepState:
     """The State a step gets. `child()` gives a trial view for one record, merged back only if its step succeeded."""
 
     def __init__(self, tables: Mapping[str, faust.Table], partitions: Mapping[str, int],
-                 parent: StepState | None = None):
+                 parent: StepState | None = None, memo: dict[str, Any] | None = None):
         self.tables, self.partitions, self.parent = tables, partitions, parent
+        self.memo = memo if memo is not None else (parent.memo if parent is not None else {})
         self.writes: dict[tuple[str, str], tuple[Any, bool, int | None]] = {}
 
     def get(self, table: str, key: str, default: Any = None) -> Any:
@@ -27,6 +28,15 @@ class StepState:
         if self.parent is not None:
             return self.parent.get(table, key, default)
         return self.tables[table].get(key, default)
+
+    def scan(self, table: str, prefix: str = "") -> dict[str, Any]:
+        """Every key of `table` starting with `prefix` and its value, the step's own writes included."""
+        if self.parent is not None:
+            found = self.parent.scan(table, prefix)
+        else:
+            found = {k: v for k, v in self.tables[table].items() if k.startswith(prefix)}
+        found.update((k, v[0]) for (t, k), v in self.writes.items() if t == table and k.startswith(prefix))
+        return found
 
     def put(self, table: str, key: str, value: Any, *, durable: bool = True, partition: int | None = None) -> None:
         if table not in self.tables:

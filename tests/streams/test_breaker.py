@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.breaker import ALERTNAME, Breaker, BreakerConfig, add_busbw, cap, decide, reset
+from streams.lifecycle.breaker import ALERTNAME, Breaker, BreakerConfig, add_busbw, cap, decide, reset
 from tests.streams.test_lifecycle import Fleet
 
 T0 = 200_000.0

@@ -81,7 +81,8 @@ def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
     bad = {"host": "h2", "ts": "soon", "code": 79}  # got past the validator somehow: ordering it raises
     recs = [Record(kind, value, value["host"], XID_TOPIC, 3, i, 0)
             for i, (kind, value) in enumerate([good[0], ("xid", bad), good[1]])]
-    emits, state, failed = run_step(Wired(fault_bins.STAGE, FaultBinConfig(), {"hosts": {}}, None, None), recs)
+    emits, state, failed = run_step(Wired(fault_bins.STAGE, fault_bins.STAGE.steps[0], FaultBinConfig(), {"hosts": {}},
+                                             None, None), recs)
     assert [(r.offset, reason.split(":")[0]) for r, reason in failed] == [(1, "fault_bins rules failed")]
     assert [FaultEvent.model_validate_json(e.value).code for e in emits] == ["xid:79", "xid:13"]
     assert {key for _, key in state.writes} == {"h1"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from streams.health import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
+from streams.health.rules import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
                             apply_straggler, score)
-from streams.health_stage import news
+from streams.health.stage import news
 from tests.streams.helpers import gpu, sample
 
 CFG = HealthConfig()

@@ -1,4 +1,5 @@
-"""The health faust stages once through agent.test_context(): rows on change, dead letters, straggler re-keying."""
+"""The health stage on the stream runtime, once through the telemetry lane's faust agent: rows on change, dead
+letters of its internal records, straggler re-keying."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from core.settings import load
 from schemas.analytics import FaultEvent, HealthScore, StragglerScore
 from schemas.codec import encode
 from schemas.dead_letter import original
+from schemas.topics import FAULTS, HEALTH_STRAGGLERS, SAMPLES, STRAGGLERS
 from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.settings import StreamsSettings
-from tests.streams.helpers import gpu, sample, until
+from tests.streams.helpers import gpu, put_on, sample, until
 
 PREFIX = "unit."
+SAMPLES_TOPIC, FAULTS_TOPIC, STRAGGLERS_TOPIC = (PREFIX + t for t in (SAMPLES.name, FAULTS.name, STRAGGLERS.name))
+BY_HOST = f"{PREFIX}fleetpulse-streams-{HEALTH_STRAGGLERS.name}"
 T0 = 50_000.0
 
 
@@ -49,11 +53,12 @@ async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter)
                        rule="catalog", first_ts=T0 + 25, last_ts=T0 + 25, evidence={"line": "fallen off the bus"})
     h1 = [encode(sample("h1", T0 + 10 * k, [gpu(i) for i in range(8)], seq=k)) for k in range(6)]
     h2 = [encode(sample("h2", T0 + 10 * k + 1, [gpu(i) for i in range(4)], seq=k)) for k in range(6)]
-    async with app.agents["health"].test_context() as stage:
+    async with app.agents["lane.telemetry"].test_context() as stage:
         async def batch(*records: tuple[bytes, bytes, int]) -> None:  # one take() batch each
             for value, key, partition in records:
-                await stage.put(value, key=key, partition=partition)
-            done = m.received + len(records)
+                topic = FAULTS_TOPIC if b"fault_id" in value else BY_HOST if value == b"{broken" else SAMPLES_TOPIC
+                await put_on(stage, topic, value, key, partition)
+            done = m.received + sum(value != b"{broken" for value, _, _ in records)
             await until(lambda: m.received == done and m.batches == batch.n + 1)
             batch.n += 1
 
@@ -72,9 +77,10 @@ async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter)
     assert sum(r.gpu_index is not None for r in rows) == 8 + 4 + 1  # every GPU once, then GPU 3 when gated
     assert {s.key for s in emitter.to(PREFIX + "fleet.health.scores")} == {b"h1", b"h2"}
     assert m.emitted == len(rows) == 16
-    [dead] = emitter.to(PREFIX + "fleet.stragglers.dlq")  # a test channel has no topic name: kind by shape
+    [dead] = emitter.to(PREFIX + "fleet.stragglers.dlq")  # an internal record: the worker dead-letters it
     facts, raw = original(dead.value)
     assert raw == b"{broken" and facts["reason"].startswith("not JSON") and facts["component"] == "streams.health"
+    assert facts["source_topic"] == BY_HOST
     # State recovers where the host's records live: changelog partition = source partition, written on news.
     table = app.tables["health-hosts"]
     assert table["h1"]["faults"][0][0] == "h1/3/xid:79" and table["h2"]["installed"] == 4
@@ -88,12 +94,12 @@ async def test_stragglers_are_rekeyed_by_host_only_when_flagged_or_recently_flag
                                      slowdown_pct=10.0, flagged=flagged, windows_flagged=windows_flagged,
                                      windows_seen=5))
 
-    async with app.agents["health.stragglers"].test_context() as stage:
-        await stage.put(score(1, True, 3), key=b"j1", partition=1)
-        await stage.put(score(2, False, 0), key=b"j1", partition=1)  # never flagged: nothing to tell
-        await stage.put(score(3, False, 1), key=b"j1", partition=1)  # a flag that may just have cleared
-        await stage.put(b"[]", key=b"j1", partition=1)
-        await until(lambda: len(emitter.sent) >= 2 and metrics_of(app)["health"].refused == 1)
+    async with app.agents["lane.telemetry"].test_context() as stage:
+        await put_on(stage, STRAGGLERS_TOPIC, score(1, True, 3), b"j1", 1)
+        await put_on(stage, STRAGGLERS_TOPIC, score(2, False, 0), b"j1", 1)  # never flagged: nothing to tell
+        await put_on(stage, STRAGGLERS_TOPIC, score(3, False, 1), b"j1", 1)  # a flag that may just have cleared
+        await put_on(stage, STRAGGLERS_TOPIC, b"[]", b"j1", 1)
+        await until(lambda: len(emitter.sent) >= 2 and metrics_of(app).refused[STRAGGLERS_TOPIC] == 1)
     forwarded = [s for s in emitter.sent if s.topic.endswith("health-stragglers_by_host")]
     assert [(s.key, orjson.loads(s.value)["flagged"]) for s in forwarded] == [(b"h1", True), (b"h3", False)]
     assert emitter.to(PREFIX + "fleet.stragglers.dlq") == []  # a registry topic: the sink dead-letters it

@@ -6,10 +6,10 @@ import orjson
 import pytest
 
 from schemas.analytics import DrainEvent
-from streams import health
-from streams.health_stage import news
-from streams.breaker import Breaker, BreakerConfig, decide
-from streams.lifecycle import LifecycleConfig, Node, on_decision, on_fault, on_health, on_result
+from streams.health import rules as health
+from streams.health.stage import news
+from streams.lifecycle.breaker import Breaker, BreakerConfig, decide
+from streams.lifecycle.rules import LifecycleConfig, Node, on_decision, on_fault, on_health, on_result
 from tests.streams.helpers import gpu, sample
 
 CFG = LifecycleConfig()

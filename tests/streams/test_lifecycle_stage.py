@@ -1,4 +1,5 @@
-"""The lifecycle faust stages once through agent.test_context(): a fault drains through the fleet step and back."""
+"""The lifecycle stage on the stream runtime, once through its two lanes' faust agents: a fault drains through the
+fleet step and back."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from schemas.analytics import Alert, DrainEvent, FaultEvent, HealthScore, NodeSt
 from schemas.codec import encode
 from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
-from streams.lifecycle_stage import fleet_topic
+from schemas.topics import FAULTS, HEALTH, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET, REMEDIATION
 from streams.settings import StreamsSettings
-from tests.streams.helpers import until
+from tests.streams.helpers import put_on, until
 
 PREFIX = "unit."
+HEALTH_T, FAULTS_T, RESULTS_T = (PREFIX + t.name for t in (HEALTH, FAULTS, REMEDIATION))
+DECISIONS_T = f"{PREFIX}fleetpulse-streams-{LIFECYCLE_DECISIONS.name}"
 T0 = 60_000.0 + 30
 
 
@@ -49,38 +52,38 @@ def changelog(app, table: str) -> list:
 
 async def test_a_fault_drains_through_the_fleet_step_and_results_walk_the_node_on(app, emitter):
     m = metrics_of(app)["lifecycle"]
-    fleet_name = fleet_topic(app.conf.id)
+    fleet_name = LIFECYCLE_FLEET.full(app.conf.id)
     fault = FaultEvent(fault_id="f1", ts=T0 + 5, host="h1", gpu_index=3, code="xid:79", bin="reboot",
                        rule="catalog", first_ts=T0 + 5, last_ts=T0 + 5)
 
     def sent(topic: str) -> list:
         return [s for s in emitter.sent if s.topic == topic]
 
-    async with app.agents["lifecycle"].test_context() as node_stage:
-        await node_stage.put(node_row("h1", T0), key=b"h1", partition=2)
-        await node_stage.put(node_row("h2", T0 + 1), key=b"h2", partition=4)
-        await node_stage.put(encode(fault), key=b"h1", partition=2)
-        await node_stage.put(b"\xff", key=b"h1", partition=2)
-        await until(lambda: m.received == 4 and len(sent(fleet_name)) == 4)
+    async with app.agents["lane.decisions"].test_context() as node_stage:
+        await put_on(node_stage, HEALTH_T, node_row("h1", T0), b"h1", 2)
+        await put_on(node_stage, HEALTH_T, node_row("h2", T0 + 1), b"h2", 4)
+        await put_on(node_stage, FAULTS_T, encode(fault), b"h1", 2)
+        await put_on(node_stage, RESULTS_T, b"\xff", b"h1", 2)
+        await until(lambda: m.received == 3 and len(sent(fleet_name)) == 4)
         to_fleet = [orjson.loads(s.value) for s in sent(fleet_name)]
         assert [r["kind"] for r in to_fleet] == ["share", "tick", "share", "drain"]
         assert to_fleet[-1]["repair"] == "reboot" and to_fleet[-1]["evidence"]["code"] == "xid:79"
 
-        async with app.agents["lifecycle.fleet"].test_context() as fleet_stage:
+        async with app.agents["lane.fleet"].test_context() as fleet_stage:
             for s in sent(fleet_name):
-                await fleet_stage.put(s.value, key=s.key, partition=0)
+                await put_on(fleet_stage, fleet_name, s.value, s.key, 0)
             await until(lambda: any(s.topic.endswith("lifecycle-decisions") for s in emitter.sent))
         [decision] = [s for s in emitter.sent if s.topic.endswith("lifecycle-decisions")]
         assert decision.key == b"h1" and orjson.loads(decision.value)["admitted"] is True
         assert emitter.to(PREFIX + "fleet.drain.events") == []  # the node requests its drain once it knows
 
-        await node_stage.put(decision.value, key=b"h1", partition=2)
+        await put_on(node_stage, DECISIONS_T, decision.value, b"h1", 2)
         await until(lambda: len(emitter.to(PREFIX + "fleet.drain.events")) == 1)
         [drain] = [DrainEvent.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.drain.events")]
         assert (drain.host, drain.action, drain.event_id, drain.evidence["repair"]) == ("h1", "drain",
                                                                                          "h1:1:p1:drain", "reboot")
         result = RemediationResult(event_id=drain.event_id, host="h1", action="drain", ok=True, ts=T0 + 40)
-        await node_stage.put(encode(result), key=b"h1", partition=2)
+        await put_on(node_stage, RESULTS_T, encode(result), b"h1", 2)
         await until(lambda: len(emitter.to(PREFIX + "fleet.node.state")) == 3)
 
     states = [NodeState.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.node.state")]
@@ -89,14 +92,15 @@ async def test_a_fault_drains_through_the_fleet_step_and_results_walk_the_node_o
     assert not states[0].schedulable and states[0].evidence["event_id"] == "h1:1:p1:drain"
     requests = [DrainEvent.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.drain.events")]
     assert [(r.action, r.event_id) for r in requests] == [("drain", "h1:1:p1:drain"), ("repair", "h1:1:repair:1")]
-    # Refused by the remediation results' validator (a test channel: kind by shape); the sink dead-letters it.
-    assert emitter.to(PREFIX + "fleet.remediation.results.dlq") == [] and (m.refused, m.errored) == (1, 0)
+    # Refused by the remediation results' validator, counted once; the sink dead-letters it.
+    assert emitter.to(PREFIX + "fleet.remediation.results.dlq") == [] and m.errored == 0
+    assert metrics_of(app).refused == {RESULTS_T: 1}
     assert app.tables["lifecycle-nodes"]["h1"]["state"] == "repairing"
     assert set(changelog(app, "lifecycle-nodes")) == {("h1", 2), ("h2", 4)}
 
 
 async def test_fleet_step_trips_the_breaker_waits_for_reset_and_reports_usable_compute(app, emitter):
-    fleet_name = fleet_topic(app.conf.id)
+    fleet_name = LIFECYCLE_FLEET.full(app.conf.id)
     share = [8, 8, 0, 0, 0, 0, 0, 0, 0]
     records = [{"kind": "share", "host": f"h{i}", "ts": T0 + i, "share": share} for i in range(10)]
     records += [{"kind": "drain", "proposal_id": f"h{i}:1:p1", "host": f"h{i}", "ts": T0 + 20 + i, "repair": "reset",
@@ -104,9 +108,9 @@ async def test_fleet_step_trips_the_breaker_waits_for_reset_and_reports_usable_c
     records += [{"kind": "busbw", "host": "h9", "ts": T0 + 30, "gbs": 400.0},
                 {"kind": "reset", "ts": T0 + 35, "by": "alice", "note": "checked"},
                 {"kind": "tick", "ts": T0 + 95}, {"kind": "nope", "ts": T0 + 96}]
-    async with app.agents["lifecycle.fleet"].test_context() as stage:
+    async with app.agents["lane.fleet"].test_context() as stage:
         for r in records:
-            await stage.put(orjson.dumps(r), key=b"fleet", partition=0)
+            await put_on(stage, fleet_name, orjson.dumps(r), b"fleet", 0)
         await until(lambda: any(s.topic.endswith("usable_compute") for s in emitter.sent)
                     and len(emitter.to(PREFIX + "fleet.drain.events.dlq")) == 1)
     answers = [orjson.loads(s.value) for s in emitter.sent if s.topic.endswith("lifecycle-decisions")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.usable_compute import SHARE, changed, fleet_usable, minutes_due, node_share
+from streams.lifecycle.usable_compute import SHARE, changed, fleet_usable, minutes_due, node_share
 
 HEALTHY = {"installed_gpus": 8, "present_gpus": 8, "straggler_loss_gpus": 0.0, "throttle_loss_gpus": 0.0,
            "gated": 0.0}

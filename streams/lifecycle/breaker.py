@@ -9,8 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.analytics import Alert
-from schemas.analytics import fingerprint
+from schemas.analytics import Alert, fingerprint
 
 ALERTNAME = "FleetDrainBreakerOpen"
 

@@ -1,0 +1,112 @@
+"""The health stage: samples, faults, remediation results and straggler flags in; GPU and node 0-100 scores out.
+
+Straggler standings arrive on fleet.stragglers keyed by job; the step forwards the ranks that are or were recently
+flagged to the internal topic health-stragglers_by_host, keyed by host, where they meet the host's state. Each host's
+records fold into its state and the step publishes the rows `news` picks: at 2,048 hosts one node row per host per
+heartbeat (~34/s) plus changes, not one per sample (~400/s). Host state reaches the changelog whenever the host
+publishes a row or takes a fault, flag or repair; between those only EWMAs and counter baselines move (kept in
+memory), so a crash costs at most one heartbeat of smoothing, never a gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import orjson
+
+from core.errors import DecodeError
+from schemas.analytics import HealthScore
+from schemas.codec import encode
+from schemas.topics import FAULTS, HEALTH, HEALTH_STRAGGLERS, REMEDIATION, SAMPLES, STRAGGLERS
+from streams.health.rules import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
+                                  apply_straggler, health_config, score)
+from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
+
+HOSTS = "hosts"
+NUMBER = (int, float)
+FORWARDED = ("host", "gpu_index", "ts", "flagged", "slowdown_pct", "z", "job", "rank")
+APPLY = {"sample": apply_sample, "fault": apply_fault, "result": lambda st, rec, cfg: apply_remediation(st, rec),
+         "straggler": lambda st, rec, cfg: apply_straggler(st, rec)}
+
+
+def _need(obj: Mapping, name: str, types: tuple, *, optional: bool = False) -> None:
+    v = obj.get(name)
+    if (v is None and optional) or type(v) in types:  # type(): a bool is not a number here
+        return
+    raise DecodeError(f"{name} {v!r} is not {'/'.join(t.__name__ for t in types)}")
+
+
+def check_straggler(value: object) -> dict:
+    """Lean check of a forwarded straggler standing (an internal record; registry topics have their validators)."""
+    if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not value["host"]:
+        raise DecodeError("straggler record is not an object with a host")
+    for name in ("ts", "slowdown_pct", "z"):
+        _need(value, name, NUMBER)
+    _need(value, "flagged", (bool,))
+    _need(value, "gpu_index", (int,), optional=True)
+    return value
+
+
+def news(h: HostHealth, sc: Scores, cfg: HealthConfig) -> list[HealthScore]:
+    """The rows worth publishing: a node or GPU whose score moved >= emit_delta or whose gates changed, and every
+    node each heartbeat_s (with its GPUs below 100). Rows are built only for these. Updates h.emitted."""
+    out: list[HealthScore] = []
+    last = h.emitted.get("node")
+    beat = last is None or sc.ts - last[2] >= cfg.heartbeat_s
+
+    def moved(prev: list | None, score: float, gates: list[str]) -> bool:
+        return prev is None or abs(score - prev[0]) >= cfg.emit_delta or gates != prev[1]
+
+    for i, (score, gates) in enumerate(zip(sc.gpu_score.tolist(), sc.gpu_gates)):
+        if moved(h.emitted.get(str(i)), score, gates) or (beat and score < 100):
+            out.append(sc.gpu(i))
+            h.emitted[str(i)] = [score, gates]
+    node_gates = sorted(sc.gates)
+    if beat or moved(last, sc.node_score, node_gates):
+        out.append(sc.node())
+        h.emitted["node"] = [sc.node_score, node_gates, sc.ts]
+    return out
+
+
+def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emit]:
+    out: list[Emit] = []
+    hosts: dict[str, HostHealth] = {}
+    durable: set[str] = set()
+    now: dict[str, float] = {}
+    for r in records:
+        rec = r.value
+        if r.kind == "standing":  # flagged now, or a flag that may just clear: tell the rank's host
+            if rec["flagged"] or rec.get("windows_flagged", 0):
+                out.append(Emit(HEALTH_STRAGGLERS, rec["host"].encode(), orjson.dumps({k: rec.get(k) for k in FORWARDED})))
+            continue
+        host = rec["host"]
+        st = hosts.get(host) or HostHealth.from_json(state.get(HOSTS, host))
+        changed = APPLY[r.kind](st, rec, cfg)
+        hosts[host] = st
+        if changed and r.kind != "sample":
+            durable.add(host)
+        now[host] = max(now.get(host, 0.0), float(rec["ts"] if r.kind != "fault" else rec["last_ts"]))
+    rows: list[HealthScore] = []
+    for host, st in hosts.items():
+        if st.installed == 0:
+            continue  # no sample yet: nothing to score
+        picked = news(st, score(st, host, max(st.wm, now[host]), cfg), cfg)
+        if picked:
+            durable.add(host)
+            rows += picked
+    for host, st in hosts.items():
+        state.put(HOSTS, host, st.to_json(), durable=host in durable)
+    return [Emit(HEALTH, row.host.encode(), encode(row)) for row in rows] + out
+
+
+STAGE = StageSpec(
+    name="health",
+    description="hard gates and weighted penalties per GPU and node -> 0-100 scores with reasons, on change and "
+                "heartbeat",
+    steps=(Step("telemetry", (Input(SAMPLES, "sample"), Input(FAULTS, "fault"), Input(REMEDIATION, "result"),
+                              Input(STRAGGLERS, "standing"), Input(HEALTH_STRAGGLERS, "straggler", check_straggler)),
+                step),),
+    outputs=(HEALTH, HEALTH_STRAGGLERS),
+    tables=(Table(HOSTS, "per-host GPU EWMAs, counter baselines, gates, fault history, straggler flags, last rows"),),
+    config=health_config,
+)

@@ -1,0 +1,162 @@
+"""The lifecycle stage's two steps: each node's state machine, and the one fleet-wide step behind the drain breaker.
+
+- The node step (lane `decisions`: node health rows, faults, remediation results, and the breaker's answers on the
+  internal topic lifecycle-decisions, all keyed by host) steps each node's state machine, publishes every transition
+  to the compacted fleet.node.state and drain/repair/validate/undrain/replace requests to fleet.drain.events, and sends
+  drain proposals, validation bandwidths, usable-compute shares and the event-time minute clock to the fleet step. Its
+  lane reads no samples, so a drain decision never waits behind a burst of them.
+- The fleet step (lane `fleet`: the internal single-partition topic lifecycle-fleet) is the one place that sees every
+  drain: it admits or denies each proposal (the circuit breaker) and answers on the decisions topic (the node then
+  requests the drain itself, so a bot's answer can never overtake the node's own state), publishes the breaker alert,
+  takes `fleetpulse breaker reset` commands, and reports usable compute per minute on fleet.usable_compute.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from core.errors import DecodeError
+from schemas.codec import encode
+from schemas.topics import (
+    ALERTS, DRAIN, FAULTS, HEALTH, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET, NODE_STATE, REMEDIATION, USABLE,
+)
+from streams.lifecycle import rules as lc
+from streams.lifecycle.breaker import Breaker, BreakerConfig, add_busbw, breaker_config, decide, reset
+from streams.lifecycle.usable_compute import changed, fleet_usable, minutes_due, node_share
+from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
+
+NODES, FLEET = "nodes", "fleet"
+log = logging.getLogger("fleetpulse.streams.lifecycle")
+FLEET_KEY = b"fleet"
+HANDLERS = {"health": lc.on_health, "fault": lc.on_fault, "result": lc.on_result, "decision": lc.on_decision}
+FLEET_KINDS = ("drain", "busbw", "share", "tick", "reset")
+NUMBER, HOST = (int, float), ("host", (str,))
+SHAPES = {"decision": (("proposal_id", (str,)), ("admitted", (bool,)), ("event_id", (str,))),
+          "drain": (HOST, ("proposal_id", (str,)), ("repair", (str,)), ("evidence", (dict,))),
+          "busbw": (HOST, ("gbs", NUMBER)), "share": (HOST, ("share", (list,)))}
+
+
+@dataclass(frozen=True)
+class LifecycleStageConfig:
+    node: lc.LifecycleConfig
+    breaker: BreakerConfig
+
+
+def config(settings) -> LifecycleStageConfig:
+    return LifecycleStageConfig(lc.lifecycle_config(settings), breaker_config(settings))
+
+
+def _check(value: object, kind: str) -> dict:
+    if not isinstance(value, dict) or not isinstance(value.get("host" if kind != "fleet" else "kind"), str):
+        raise DecodeError(f"{kind} record is not an object with a {'host' if kind != 'fleet' else 'kind'}")
+    if type(value.get("ts")) not in (int, float):
+        raise DecodeError(f"{kind} record ts {value.get('ts')!r} is not a number")
+    if kind == "fleet" and value["kind"] not in FLEET_KINDS:
+        raise DecodeError(f"fleet record kind {value['kind']!r} is not one of {FLEET_KINDS}")
+    for name, types in SHAPES.get(value["kind"] if kind == "fleet" else kind, ()):
+        if type(value.get(name)) not in types:
+            raise DecodeError(f"{kind} {name} {value.get(name)!r} is not {types[0].__name__}")
+    return value
+
+
+def check_decision(value: object) -> dict:
+    """The breaker's answer to a drain proposal (the stage's own internal record)."""
+    return _check(value, "decision")
+
+
+def check_fleet(value: object) -> dict:
+    """A record for the fleet step: share, drain proposal, busbw report, minute tick or operator reset."""
+    return _check(value, "fleet")
+
+
+def node_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig) -> list[Emit]:
+    out: list[Emit] = []
+    nodes: dict[str, lc.Node] = {}
+    clock: list[dict] = []  # shares and minute ticks, in record order; then proposals and reports
+    later: list[dict] = []
+    for r in records:
+        rec = r.value
+        if r.kind == "health" and rec.get("gpu_index") is not None:
+            continue  # GPU rows: the node row carries what the node's lifecycle needs
+        host = rec["host"]
+        n = nodes.get(host) or lc.Node.from_json(state.get(NODES, host))
+        o = HANDLERS[r.kind](n, host, rec, cfg.node)
+        nodes[host] = n
+        ts = float(rec.get("ts") or rec.get("last_ts"))
+        share = node_share(n.state, n.inputs)
+        if n.inputs and changed(n.share, share):
+            n.share = share
+            clock.append({"kind": "share", "host": host, "ts": ts, "share": share})
+        if int(ts // 60) > state.memo.get("minute", -1):  # the fleet's minute clock moves even when nothing changes
+            state.memo["minute"] = int(ts // 60)
+            clock.append({"kind": "tick", "ts": ts})
+        out += [Emit(NODE_STATE, host.encode(), encode(st), f"{host} {st.prev_state} -> {st.state}: {st.reason}")
+                for st in o.states]
+        out += [Emit(DRAIN, host.encode(), encode(req)) for req in o.requests]
+        later += o.proposals + o.reports
+    for host, n in nodes.items():
+        state.put(NODES, host, n.to_json())
+    return out + [Emit(LIFECYCLE_FLEET, FLEET_KEY, orjson.dumps(rec)) for rec in clock + later]
+
+
+def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig) -> list[Emit]:
+    out: list[Emit] = []
+    b = Breaker.from_json(state.get(FLEET, "breaker"))
+    touched = False
+    for r in records:
+        rec, kind = r.value, r.value["kind"]
+        # The minute clock runs on event time; an operator's reset carries wall time, so it does not move it.
+        due, last = minutes_due(state.get(FLEET, "minute"), float(rec["ts"])) if kind != "reset" else ([], None)
+        for m in due:
+            uc = fleet_usable(state.scan(FLEET, "share:").values(), m * 60.0)
+            out.append(Emit(USABLE, FLEET_KEY, orjson.dumps(uc)))
+            state.put(FLEET, "usable_compute", uc)
+        if last is not None and last != state.get(FLEET, "minute"):
+            state.put(FLEET, "minute", last)
+        if kind == "drain":
+            v = decide(b, rec, state.get(FLEET, f"decided:{rec['host']}"), len(state.scan(FLEET, "share:")),
+                       cfg.breaker)
+            state.put(FLEET, f"decided:{rec['host']}", v.decided)
+            touched = True
+            if v.decision is None:
+                continue  # a replayed proposal: answered before
+            out.append(Emit(LIFECYCLE_DECISIONS, rec["host"].encode(), orjson.dumps(v.decision),
+                            f"drain {rec['proposal_id']} {'admitted' if v.decision['admitted'] else 'denied'}: "
+                            f"{v.decision['reason']}"))
+            if v.alert is not None:
+                out.append(Emit(ALERTS, FLEET_KEY, encode(v.alert), f"circuit breaker open: {b.reason}",
+                                logging.WARNING))
+        elif kind == "busbw":
+            touched = add_busbw(b, rec, cfg.breaker) or touched
+        elif kind == "share":
+            state.put(FLEET, f"share:{rec['host']}", rec["share"])
+        elif kind == "reset":
+            alert = reset(b, rec)
+            touched = True
+            why = f"circuit breaker reset by {rec.get('by', '?')} ({'closed' if alert else 'was closed'})"
+            if alert is None:
+                log.warning("[lifecycle] %s", why)
+            else:
+                out.append(Emit(ALERTS, FLEET_KEY, encode(alert), why, logging.WARNING))
+    if touched:
+        state.put(FLEET, "breaker", b.to_json())
+    return out
+
+
+STAGE = StageSpec(
+    name="lifecycle",
+    description="node state machine, fleet-wide drain breaker, repair/validate loop, usable compute per minute",
+    steps=(Step("decisions", (Input(HEALTH, "health"), Input(FAULTS, "fault"), Input(REMEDIATION, "result"),
+                              Input(LIFECYCLE_DECISIONS, "decision", check_decision)), node_step,
+                batch_within_s=lambda cfg: cfg.node.batch_within_s),
+           Step("fleet", (Input(LIFECYCLE_FLEET, "fleet", check_fleet),), fleet_step,
+                batch_within_s=lambda cfg: cfg.node.batch_within_s)),
+    outputs=(NODE_STATE, DRAIN, ALERTS, USABLE, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET),
+    tables=(Table(NODES, "per-node lifecycle record (by host)"),
+            Table(FLEET, "breaker, decisions, usable-compute shares (one key space)", partitions=1)),
+    config=config,
+)
