@@ -98,3 +98,16 @@ def test_counters_read_in_tests_and_as_the_served_prometheus_text(tmp_path):
     assert 'fleetpulse_topic_refused_total{topic="ns.fleet.telemetry.samples"} 3.0' in text
     assert 'fleetpulse_stage_lag_records{stage="power_thermal"} 42.0' in text
     assert m.snapshot()["latency_max_s"] == 0.2 and StageMetrics("x").snapshot()["batches"] == 0
+
+
+def test_lanes_share_no_refusal_count_and_every_topic_is_counted_once(tmp_path):
+    app = create_app(settings(tmp_path))
+    lanes = {lane.name: lane for lane in app.fleetpulse.lanes}
+    assert set(lanes) == {"telemetry", "decisions", "fleet"}
+    read = [t for lane in lanes.values() for t in lane.sources]
+    counted = [t for lane in lanes.values() for t in lane.counts]
+    assert sorted(set(read)) == sorted(counted)  # each topic's refusals are counted by exactly one lane
+    assert "ns.fleet.telemetry.samples" in lanes["telemetry"].counts
+    assert "ns.fleet.faults" in lanes["telemetry"].sources and "ns.fleet.faults" in lanes["decisions"].sources
+    assert "ns.fleet.telemetry.samples" not in lanes["decisions"].sources  # drains never wait behind samples
+    assert {a.name for a in app.fleetpulse.agents["lifecycle"]} == {"lane.decisions", "lane.fleet"}
