@@ -1,0 +1,75 @@
+"""Cost of the straggler scoring core at 1,024 ranks: one window's timings decoded, checked and folded, and one window
+closed (robust z, K-of-N persistence), as medians over --repeat runs (JSON out).
+
+    python bench/straggler_windows.py [--repeat 5] [--out bench/results/straggler_windows.json]
+
+The timings are the simulator's own NCCL model (one collective per second per rank, one job over 128 hosts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from agents.simulator.fleet import Job, build_fleet
+from agents.simulator.nccl import NcclModel
+from schemas.topics import NCCL
+from streams.straggler_windows import Batch, JobState, Window
+from streams.stragglers import Config, advance, persist, score
+
+T0 = 1_700_000_000.0
+
+
+def window_of_timings(hosts: int = 128, seconds: int = 35, seed: int = 10) -> list[bytes]:
+    fleet = build_fleet(hosts, seed=seed)
+    fleet.jobs = [Job(0, "job-0000", tuple(range(hosts)))]
+    fleet.host_job[:] = 0
+    model, job, slow = NcclModel(fleet, np.random.default_rng(seed)), fleet.jobs[0], np.ones(fleet.n_gpus)
+    records = [r for k in range(seconds) for r in model.job_records(job, T0 + k, slow)]
+    return [orjson.dumps(r) for r in records[:30 * 1024]]
+
+
+def fold(raw: list[bytes], cfg: Config) -> float:
+    started = time.perf_counter()
+    decoded = [NCCL.decode(x) for x in raw]
+    state = None
+    for i in range(0, len(decoded), 500):
+        state, _, _ = advance(state, "job-0000", Batch.of(decoded[i:i + 500]), cfg)
+    return time.perf_counter() - started
+
+
+def close(cfg: Config, reps: int = 200) -> float:
+    acc = Window.empty(1024)
+    acc.n_c[:], acc.n_w[:], acc.records, acc.with_compute = 30, 30, 30_720, 30_720
+    acc.sum_c[:], acc.sum_w[:] = np.random.default_rng(0).normal(7.5e5, 3e3, 1024) * 30, 3e6
+    started = time.perf_counter()
+    for _ in range(reps):
+        persist(JobState("j", 1024), score(acc, cfg), T0, T0 + 30, cfg)
+    return (time.perf_counter() - started) / reps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--out", type=Path, default=Path("bench/results/straggler_windows.json"))
+    args = p.parse_args()
+    cfg, raw = Config(), window_of_timings()
+    folds = [fold(raw, cfg) for _ in range(args.repeat)]
+    closes = [close(cfg) for _ in range(args.repeat)]
+    out = {"ranks": 1024, "records": len(raw), "repeat": args.repeat,
+           "fold_window_ms_median": round(statistics.median(folds) * 1e3, 1),
+           "fold_us_per_record_median": round(statistics.median(folds) / len(raw) * 1e6, 2),
+           "close_window_ms_median": round(statistics.median(closes) * 1e3, 3)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
