@@ -93,6 +93,9 @@ class ClickHouseSink:
             await self.open_store()
         kafka = self.settings.kafka_client_args()
         await ensure_topics(kafka, prefix=self.settings.topic_prefix)
+        # What is already stored, before any fetch: take() refuses to insert at or below it even when the rebalance
+        # listener's seek did not happen (a listener that raises is only logged by aiokafka).
+        self.stored = await self.db(store.watermarks, self.client)
         self.producer = AIOKafkaProducer(**kafka, acks="all", enable_idempotence=True)
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(

@@ -79,6 +79,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
         consumer_auto_offset_reset="earliest",
         processing_guarantee="at_least_once",
         broker_commit_interval=s.streams_commit_interval_s,
+        broker_session_timeout=s.streams_session_timeout_s,  # faust's 60 s kept a killed worker's restart waiting
         web_enabled=s.streams_web_port is not None,
         web_port=s.streams_web_port or 6066,
         datadir=str(datadir),

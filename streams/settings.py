@@ -30,6 +30,9 @@ class StreamsSettings(CommonSettings):
     streams_metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus /metrics of the "
                                              "worker's stages (e.g. 9465); unset = off, 0 = any free port")
     streams_metrics_addr: str = "0.0.0.0"
+    streams_session_timeout_s: float = Field(default=15.0, ge=6, le=300, description="how soon the consumer group "
+                                             "drops a worker that died without leaving, so its restart (or another "
+                                             "worker) takes its partitions over; above any batch's processing time")
     streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
     rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
     rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')
