@@ -244,7 +244,7 @@ class LocalKafka:
             self.log_file.replace(self.log_file.with_suffix(".log.1"))
         with open(self.log_file, "wb") as log:
             self._proc = subprocess.Popen(
-                [str(java), "-Xms256m", "-Xmx512m", "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{log4j}",
+                [str(java), "-Xms256m", "-Xmx1g", "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{log4j}",
                  "-cp", classpath, "kafka.Kafka", str(self.properties)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
         self.pid_file.write_text(json.dumps({"pid": self._proc.pid, "port": self.port}))
