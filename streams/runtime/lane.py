@@ -62,7 +62,6 @@ class Lane:
         self.name, self.stages, self.emitter, self.metrics = name, list(stages), emitter, metrics
         self.prefix, self.app_id, self.batch_max, self.within_s = prefix, app_id, batch_max, within_s
         self.sources: dict[str, Source] = {}
-        self._events: dict[tuple[str, int, int], EventT] = {}
         self.position: dict[tuple[str, int], int] = {}  # next offset to process, per input partition (for lag)
         for w in self.stages:
             for i in w.step.inputs:
@@ -103,10 +102,10 @@ class Lane:
         started = time.perf_counter()
         pending: list[Awaitable] = []
         by_stage: dict[int, list[Record]] = {}
-        self._events = {}
+        where: dict[tuple[str, int, int], EventT] = {}  # a record's event, should its step refuse it
         for event in events:
             msg = event.message
-            self._events[(msg.topic, msg.partition, msg.offset)] = event
+            where[(msg.topic, msg.partition, msg.offset)] = event
             self.position[(msg.topic, msg.partition)] = msg.offset + 1
             src = self.sources.get(msg.topic)
             if src is None:
@@ -131,7 +130,7 @@ class Lane:
             for rec, reason in failed:
                 w.metrics.errored += 1
                 w.log.warning("dead-lettered %s[%s]@%s: %s", rec.source, rec.partition, rec.offset, reason)
-                event = self._events[(rec.source, rec.partition, rec.offset)]
+                event = where[(rec.source, rec.partition, rec.offset)]
                 pending.append(await send_dead_letter(self.emitter, self.sources[rec.source].dlq, event, reason,
                                                       f"streams.{w.spec.name}"))
             for e in emits:

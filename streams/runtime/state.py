@@ -42,8 +42,10 @@ class StepState:
         if table not in self.tables:
             raise KeyError(f"no state table {table!r}; declared: {', '.join(self.tables)}")
         prior = self.writes.get((table, key))
-        durable = durable or (prior is not None and prior[1])  # a durable write in this batch stays durable
-        self.writes[(table, key)] = (value, durable, partition if partition is not None else (prior or (0, 0, None))[2])
+        if prior is not None:  # an earlier write of this batch: durable stays durable, a named partition stays named
+            durable = durable or prior[1]
+            partition = prior[2] if partition is None else partition
+        self.writes[(table, key)] = (value, durable, partition)
 
     def child(self) -> StepState:
         return StepState(self.tables, self.partitions, parent=self)
