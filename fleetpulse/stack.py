@@ -151,12 +151,14 @@ class Stack:
         stages = [("sink", s.topic_prefix + "fleetpulse-sink",
                    [tb.topic.full(s.topic_prefix) for tb in TABLE_BY_TOPIC.values()], self.args.drain_timeout)]
         if "streams" in self.children:
-            from streams.app import app_id
-            from streams.registry import select
+            from streams.app import group_id
+            from streams.registry import select, workers
 
-            inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.topics()})
-            stages.insert(0, ("streams", app_id(s.topic_prefix), inputs, min(30.0, self.args.drain_timeout)))
-        for name, group, topics, budget in stages:
+            for worker, chosen in reversed(workers(select(None)).items()):
+                inputs = sorted({t.full(s.topic_prefix) for stage in chosen for t in stage.topics()})
+                stages.insert(0, ("streams", group_id(s.topic_prefix, worker), inputs,
+                                  min(30.0, self.args.drain_timeout)))
+        for k, (name, group, topics, budget) in enumerate(stages):
             deadline = time.monotonic() + budget
             while time.monotonic() < deadline and self.children[name].running:
                 lag = await watch.group_lag(group, topics)
@@ -165,7 +167,7 @@ class Stack:
                 if lag == 0:
                     break
                 await asyncio.sleep(1.0)
-            if name == "streams":
+            if name == "streams" and stages[k + 1][0] != "streams":  # every worker caught up (or out of time)
                 await self.children[name].stop()
 
 

@@ -31,12 +31,30 @@ class StreamsRuntime:
     metrics: MetricsRegistry
     emitter: Emitter
     agents: dict[str, list]  # stage name -> its faust agents (a runtime stage: its lane's agent)
+    worker: str = registry.WORKERS[0]
     lanes: list[Lane] = field(default_factory=list)
 
 
 def app_id(prefix: str = "") -> str:
-    """Consumer group and changelog namespace: the topic prefix keeps namespaces on one cluster apart."""
+    """The streams namespace: changelogs and internal topics are named under it, whichever worker writes them; the
+    topic prefix keeps namespaces on one cluster apart."""
     return f"{prefix}{APP_ID}"
+
+
+def group_id(prefix: str = "", worker: str = registry.WORKERS[0]) -> str:
+    """A worker's consumer group (faust's app id): the namespace for the first worker, `<namespace>-<worker>` else."""
+    return app_id(prefix) if worker == registry.WORKERS[0] else f"{app_id(prefix)}-{worker}"
+
+
+def _namespaced_table(namespace: str) -> type[faust.Table]:
+    """faust names changelogs after the app id; ours keep the namespace's name, so a table's changelog is the same
+    topic whichever worker (consumer group) runs its stage."""
+
+    class Table(faust.Table):
+        def _changelog_topic_name(self) -> str:
+            return f"{namespace}-{self.name}-changelog"
+
+    return Table
 
 
 def broker_credentials(s: CommonSettings) -> faust.auth.Credentials | None:
@@ -52,22 +70,34 @@ def broker_credentials(s: CommonSettings) -> faust.auth.Credentials | None:
                                  mechanism=s.kafka_sasl_mechanism or "PLAIN")
 
 
-def create_app(settings: CommonSettings | None = None, *, stages: list[str] | None = None,
+def create_app(settings: CommonSettings | None = None, *, stages: list[str] | None = None, worker: str | None = None,
                workdir: Path | None = None, emitter: Emitter | None = None) -> faust.App:
-    """A faust app running `stages` (default: settings.stages, else every registered stage).
+    """A faust app running `stages` (default: settings.stages, else every registered stage) of one worker.
 
-    Workers built from the same settings share one app id and so form one consumer group: scale = partitions.
-    `emitter` replaces the Kafka producer path (tests use streams.emit.MemoryEmitter).
+    The chosen stages must all run in one worker (registry.WORKERS), or `worker` picks its share of them; streams.cli
+    starts one process per worker. Processes of the same worker and settings share one consumer group: scale =
+    partitions. `emitter` replaces the Kafka producer path (tests use streams.emit.MemoryEmitter).
     """
     s = streams_settings(settings)
     chosen = registry.select(stages if stages is not None else s.stages)
+    by_worker = registry.workers(chosen)
+    if worker is None and len(by_worker) > 1:
+        raise ConfigError(f"stages {[st.name for st in chosen]} run in workers {', '.join(by_worker)}: one app each "
+                          "(streams.cli starts them all)")
+    worker = worker or next(iter(by_worker))
+    if worker not in by_worker:
+        raise ConfigError(f"worker {worker!r} runs none of the stages {[st.name for st in chosen]}; workers: "
+                          f"{', '.join(registry.WORKERS)}")
+    chosen = by_worker[worker]
     partitions = {t.partitions for stage in chosen for t in stage.topics()}
     if len(partitions) != 1:
         raise ConfigError(f"stages {[st.name for st in chosen]} read topics of different partition counts {partitions}")
     datadir = Path(workdir or s.data_dir / "streams")
     datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
+    namespace = app_id(s.topic_prefix)
     app = faust.App(
-        app_id(s.topic_prefix),
+        group_id(s.topic_prefix, worker),
+        Table=_namespaced_table(namespace),
         broker=[f"kafka://{hp.strip()}" for hp in s.bootstrap.split(",")],
         broker_credentials=broker_credentials(s),
         key_serializer="raw",
@@ -86,7 +116,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
         autodiscover=False,
     )
     metrics = MetricsRegistry()
-    runtime = StreamsRuntime(s, chosen, metrics, emitter or TopicEmitter(app), {})
+    runtime = StreamsRuntime(s, chosen, metrics, emitter or TopicEmitter(app), {}, worker=worker)
     lanes: dict[str, list[Wired]] = {}
     for stage in chosen:
         if isinstance(stage, StageSpec):
@@ -98,7 +128,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
         runtime.agents[stage.name] = stage.wire(app, ctx)
     counted: set[str] = set()
     for name, stages in lanes.items():
-        lane = Lane(name, stages, prefix=s.topic_prefix, app_id=app.conf.id, emitter=runtime.emitter,
+        lane = Lane(name, stages, prefix=s.topic_prefix, app_id=namespace, emitter=runtime.emitter,
                     metrics=metrics, batch_max=s.streams_batch_max, counted=counted,
                     within_s=min([s.streams_batch_within_s] + [w for st in stages
                                                                if (w := st.step.batch_within_s(st.config)) is not None]))
@@ -113,7 +143,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     async def _ready(sender, **kwargs) -> None:
         assigned = sorted(f"{tp.topic}[{tp.partition}]" for tp in app.assignor.assigned_actives()
                           if tp.topic.startswith(s.topic_prefix))
-        log.info("streams ready: app=%s stages=%s active=%d partitions", app.conf.id,
+        log.info("streams ready: worker=%s group=%s stages=%s active=%d partitions", worker, app.conf.id,
                  ",".join(st.name for st in chosen), len(assigned))
 
     return app

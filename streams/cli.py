@@ -1,10 +1,20 @@
-"""`fleetpulse streams`: run a faust stream worker for the chosen stages until SIGTERM/SIGINT."""
+"""`fleetpulse streams`: run the stream workers of the chosen stages until SIGTERM/SIGINT.
+
+Each worker (streams/registry.py WORKERS) is one faust app and consumer group in a process of its own: without
+--worker, this process runs the first worker the chosen stages need and starts the others as child processes, which
+die with it (Linux PR_SET_PDEATHSIG) and are stopped with it; a child that exits stops this process (exit 1), so a
+supervisor restarts the set. --worker runs exactly one (a deployment that scales them apart).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,9 +26,9 @@ from core.errors import BrokerError, ConfigError
 from core.kafka_admin import create_missing
 from schemas.provision import ensure_topics
 from schemas.topics import INTERNAL
-from streams.app import create_app, metrics_of, stage_lag
+from streams.app import app_id, create_app, metrics_of, stage_lag
 from streams.metrics_server import serve
-from streams.registry import STAGES
+from streams.registry import STAGES, WORKERS, select, workers
 from streams.settings import streams_settings
 
 log = logging.getLogger("fleetpulse.streams")
@@ -27,6 +37,8 @@ log = logging.getLogger("fleetpulse.streams")
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", help=f"comma-separated stages (default: FLEETPULSE_STAGES, else all): "
                                     f"{', '.join(STAGES)}")
+    p.add_argument("--worker", choices=WORKERS, help="run only this worker's share of the stages (default: every "
+                                                     "worker they need, one process each)")
     p.add_argument("--workdir", type=Path, help="faust data directory (default: <data_dir>/streams)")
     p.add_argument("--loglevel", default="info", help="worker log level (default: info)")
 
@@ -44,26 +56,91 @@ async def _ensure_topics(settings, app: faust.App, timeout: float = 30.0) -> Non
             created = await ensure_topics(settings.kafka_client_args(), settings.topic_prefix,
                                           settings.streams_replication)
             created += await create_missing(settings.kafka_client_args(),
-                                            internal_topics(app.conf.id, settings.streams_replication))
+                                            internal_topics(app_id(settings.topic_prefix),
+                                                            settings.streams_replication))
     except Exception as exc:  # noqa: BLE001 - connection refused, timeout, auth: the broker is not usable
         raise BrokerError(f"cannot create topics on {settings.bootstrap}: {exc!r}") from exc
     if created:
         log.info("created %d topics under prefix %r", len(created), settings.topic_prefix)
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the parent dies, however it dies (a kill -9 takes the set down)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _start_children(args: argparse.Namespace, others: list[str], port: int | None) -> list[subprocess.Popen]:
+    """One `streams.cli --worker W` process per other worker, same stages, settings and log streams as this one.
+    A configured metrics port moves up by one per child (0, any free port, stays 0)."""
+    children = []
+    for k, worker in enumerate(others, start=1):
+        cmd = [sys.executable, "-m", "streams.cli", "--worker", worker, "--loglevel", getattr(args, "loglevel", "info")]
+        if getattr(args, "stages", None):
+            cmd += ["--stages", args.stages]
+        if getattr(args, "workdir", None):
+            cmd += ["--workdir", str(args.workdir)]
+        env = dict(os.environ)
+        if port:
+            env["FLEETPULSE_STREAMS_METRICS_PORT"] = str(port + k)
+        children.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None))
+        log.info("started the %s worker (pid %d)", worker, children[-1].pid)
+    return children
+
+
+def _stop_children(children: list[subprocess.Popen], timeout: float = 30.0) -> int:
+    """SIGTERM each running child and wait for it (SIGKILL after `timeout`); the worst exit status."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    worst = 0
+    for child in children:
+        try:
+            rc = child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.error("worker pid %d ignored SIGTERM for %.0f s: killed", child.pid, timeout)
+            child.kill()
+            rc = child.wait()
+        worst = worst or (rc if rc and rc > 0 else 0)
+    return worst
+
+
 def run(args: argparse.Namespace) -> int:
-    """Start one worker in this process; a second one with the same settings joins the same consumer group."""
+    """Start the first worker the stages need in this process and the others as children; --worker: just that one.
+    A second process with the same settings and worker joins the same consumer group."""
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if getattr(args, "stages", None) else None
     settings = streams_settings(stages=stages)
-    app = create_app(settings, workdir=getattr(args, "workdir", None))
+    needed = list(workers(select(settings.stages)))
+    mine = getattr(args, "worker", None) or needed[0]
+    app = create_app(settings, worker=mine, workdir=getattr(args, "workdir", None))
     loop = asyncio.new_event_loop()  # the worker's loop; asyncio.run() would leave none current for faust
     asyncio.set_event_loop(loop)
-    started: float | None = time.monotonic()
+    started = time.monotonic()
     try:
-        loop.run_until_complete(_ensure_topics(settings, app))
+        loop.run_until_complete(_ensure_topics(settings, app))  # before the children, which then find them made
     except BaseException:
         loop.close()
         raise
+    children = [] if getattr(args, "worker", None) else _start_children(args, needed[1:],
+                                                                        settings.streams_metrics_port)
+    try:
+        rc = _run_worker(args, settings, app, loop, started, children)
+    finally:
+        stopped = _stop_children(children)
+    return rc or stopped
+
+
+def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asyncio.AbstractEventLoop,
+                started: float | None, children: list[subprocess.Popen]) -> int:
+
+    lost: list[subprocess.Popen] = []
+
+    @app.timer(1.0)
+    async def _watch_children() -> None:
+        for child in children:
+            if child.poll() is not None and not lost:
+                lost.append(child)
+                log.error("worker pid %d exited with %s: stopping this one too", child.pid, child.returncode)
+                os.kill(os.getpid(), signal.SIGTERM)  # faust's own shutdown: stop, commit, close
 
     @app.on_rebalance_complete.connect
     async def _startup_time(sender, **kwargs) -> None:
@@ -88,12 +165,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         worker.execute_from_commandline()  # installs SIGINT/SIGTERM handlers: stop, commit, close the loop
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return code or (1 if lost else 0)
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
-    return 0
+    return 1 if lost else 0
 
 
 def main(argv: list[str] | None = None) -> int:

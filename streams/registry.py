@@ -26,6 +26,7 @@ class Stage:
     outputs: tuple[Topic, ...]  # each input's dead-letter topic is an output too
     wire: Callable[[faust.App, StageContext], list]  # registers the stage's agents and tables; returns the agents
     description: str
+    worker: str = "telemetry"
 
     def topics(self) -> tuple[Topic, ...]:
         """The registry topics the stage reads (what its consumer lag is measured on)."""
@@ -42,6 +43,11 @@ _STAGES: list[Stage | StageSpec] = [
     lifecycle.STAGE,
 ]
 STAGES: dict[str, Stage | StageSpec] = {s.name: s for s in _STAGES}
+# The worker processes, in start order; each is one faust app and consumer group (streams/app.py group_id). The
+# decisions worker (lifecycle) reads what the telemetry worker writes; in a process of its own a fault's hops to a
+# drain request never wait behind a burst of samples (one consumer would hand it over only after the samples
+# fetched before it).
+WORKERS = ("telemetry", "decisions")
 
 
 def select(names: list[str] | None) -> list[Stage | StageSpec]:
@@ -52,6 +58,16 @@ def select(names: list[str] | None) -> list[Stage | StageSpec]:
     if unknown:
         raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
     return [s for s in _STAGES if s.name in names]
+
+
+def workers(stages: list[Stage | StageSpec]) -> dict[str, list[Stage | StageSpec]]:
+    """The chosen stages by the worker they run in, in WORKERS order."""
+    out: dict[str, list[Stage | StageSpec]] = {}
+    for w in WORKERS:
+        mine = [s for s in stages if s.worker == w]
+        if mine:
+            out[w] = mine
+    return out
 
 
 def stage_logger(name: str) -> logging.LoggerAdapter:

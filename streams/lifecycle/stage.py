@@ -159,4 +159,5 @@ STAGE = StageSpec(
     tables=(Table(NODES, "per-node lifecycle record (by host)"),
             Table(FLEET, "breaker, decisions, usable-compute shares (one key space)", partitions=1)),
     config=config,
+    worker="decisions",  # a fault -> proposal -> breaker -> drain chain that never queues behind samples
 )

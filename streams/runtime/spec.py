@@ -102,6 +102,9 @@ class StageSpec:
     outputs: tuple[Target, ...]  # each input's dead-letter topic is an output too
     tables: tuple[Table, ...]  # shared by the stage's steps
     config: Callable[[Any], Any]  # StreamsSettings -> the stage's rule parameters
+    # The worker process it runs in (one consumer group each): a stage whose outputs must not queue behind a burst
+    # of telemetry runs in a worker of its own (streams/registry.py WORKERS).
+    worker: str = "telemetry"
 
     def topics(self) -> tuple[Topic, ...]:
         """The registry topics the stage reads (what its consumer lag is measured on)."""

@@ -14,7 +14,7 @@ from streams.app import app_id, broker_credentials, create_app, metrics_of
 from streams.metrics import StageMetrics
 from streams.metrics_server import exposition
 from streams.power_thermal import stage as power_thermal
-from streams.registry import STAGES, select
+from streams.registry import STAGES, WORKERS, select
 from streams.settings import StreamsSettings, streams_settings
 
 
@@ -47,12 +47,23 @@ def test_rack_budgets_reach_both_rule_sets(tmp_path):
     assert cfg.hosts.rack_budgets_w == cfg.racks.budgets_w == {"r1": 40_000.0, "r2": 25_000.0}
 
 
-def test_every_registered_stage_wires_with_concurrency_one_and_namespaced_state(tmp_path):
-    app = create_app(settings(tmp_path))
-    assert set(app.fleetpulse.agents) == set(STAGES)
-    assert all(a.concurrency == 1 for a in app.agents.values())  # faust 0.15.3 loses offsets above 1
-    changelogs = [t.changelog_topic.get_topic_name() for t in app.tables.values()]
-    assert changelogs and all(name.startswith("ns.fleetpulse-streams-") for name in changelogs)
+def test_every_registered_stage_wires_into_its_worker_with_concurrency_one_and_namespaced_state(tmp_path):
+    apps = {w: create_app(settings(tmp_path), worker=w) for w in WORKERS}
+    assert sorted(name for app in apps.values() for name in app.fleetpulse.agents) == sorted(STAGES)
+    assert set(apps["decisions"].fleetpulse.agents) == {"lifecycle"}
+    assert {w: app.conf.id for w, app in apps.items()} == {"telemetry": "ns.fleetpulse-streams",
+                                                          "decisions": "ns.fleetpulse-streams-decisions"}
+    for app in apps.values():
+        assert all(a.concurrency == 1 for a in app.agents.values())  # faust 0.15.3 loses offsets above 1
+    # changelogs keep the namespace's names whichever worker (consumer group) writes them
+    changelogs = {t.changelog_topic.get_topic_name() for app in apps.values() for t in app.tables.values()}
+    assert {"ns.fleetpulse-streams-lifecycle-nodes-changelog", "ns.fleetpulse-streams-health-hosts-changelog",
+            "ns.fleetpulse-streams-stragglers-jobs-changelog"} <= changelogs
+    assert all(name.startswith("ns.fleetpulse-streams-") and "decisions" not in name for name in changelogs)
+    with pytest.raises(ConfigError, match="run in workers telemetry, decisions"):
+        create_app(settings(tmp_path))
+    with pytest.raises(ConfigError, match="worker 'decisions' runs none of the stages"):
+        create_app(settings(tmp_path), stages=["health"], worker="decisions")
 
 
 def test_stage_selection_and_config_errors(tmp_path, monkeypatch):
@@ -84,7 +95,7 @@ def test_security_settings_become_faust_credentials(tmp_path):
 
 
 def test_counters_read_in_tests_and_as_the_served_prometheus_text(tmp_path):
-    app = create_app(settings(tmp_path))
+    app = create_app(settings(tmp_path), stages=["power_thermal"])
     m = metrics_of(app)["power_thermal"]
     m.received, m.emitted, m.errored = 10, 2, 1
     m.observe_batch(0.003)
@@ -101,13 +112,16 @@ def test_counters_read_in_tests_and_as_the_served_prometheus_text(tmp_path):
 
 
 def test_lanes_share_no_refusal_count_and_every_topic_is_counted_once(tmp_path):
-    app = create_app(settings(tmp_path))
+    app = create_app(settings(tmp_path), worker="decisions")
     lanes = {lane.name: lane for lane in app.fleetpulse.lanes}
-    assert set(lanes) == {"telemetry", "decisions", "fleet"}
+    assert set(lanes) == {"decisions", "fleet"}
     read = [t for lane in lanes.values() for t in lane.sources]
     counted = [t for lane in lanes.values() for t in lane.counts]
     assert sorted(set(read)) == sorted(counted)  # each topic's refusals are counted by exactly one lane
-    assert "ns.fleet.telemetry.samples" in lanes["telemetry"].counts
-    assert "ns.fleet.faults" in lanes["telemetry"].sources and "ns.fleet.faults" in lanes["decisions"].sources
+    assert "ns.fleet.faults" in lanes["decisions"].counts
+    telemetry = create_app(settings(tmp_path), worker="telemetry").fleetpulse.lanes
+    assert [lane.name for lane in telemetry] == ["telemetry"]
+    assert "ns.fleet.telemetry.samples" in telemetry[0].counts
+    assert "ns.fleet.faults" in telemetry[0].sources  # health reads faults too: a worker of its own counts them again
     assert "ns.fleet.telemetry.samples" not in lanes["decisions"].sources  # drains never wait behind samples
     assert {a.name for a in app.fleetpulse.agents["lifecycle"]} == {"lane.decisions", "lane.fleet"}

@@ -17,7 +17,8 @@ from schemas.provision import ensure_topics
 from schemas.analytics import DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult
 from schemas.codec import encode
 from schemas.topics import DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION, SAMPLES
-from streams.app import app_id
+from streams.app import group_id
+from streams.registry import WORKERS
 from tests.streams.helpers import gpu, sample
 from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
 
@@ -92,8 +93,9 @@ async def test_fault_drains_only_its_host_and_the_loop_survives_a_killed_worker(
         worker.wait()
 
     repair = await request("h2", "repair")
-    await wait_for("the killed worker's session to expire",
-                   lambda: group_is_empty(kafka_bootstrap, app_id(topic_prefix)), SESSION_S, log)
+    for worker_name in WORKERS:  # the killed parent took its decisions child down with it (PR_SET_PDEATHSIG)
+        await wait_for(f"the killed {worker_name} worker's session to expire",
+                       lambda: group_is_empty(kafka_bootstrap, group_id(topic_prefix, worker_name)), SESSION_S, log)
     await produce(kafka_bootstrap, names[SAMPLES], samples(t0, 6, 3))
     await produce(kafka_bootstrap, names[REMEDIATION], [result(repair, t0 + 70)])
     await produce(kafka_bootstrap, names[FAULTS], [fault("h3", t0 + 75, "xid:48", "reset")])  # while it is down

@@ -10,7 +10,7 @@ import pytest
 from core.settings import load
 from schemas.analytics import Alert, DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult
 from schemas.codec import encode
-from streams.app import create_app, metrics_of
+from streams.app import app_id, create_app, metrics_of
 from streams.emit import MemoryEmitter
 from schemas.topics import FAULTS, HEALTH, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET, REMEDIATION
 from streams.settings import StreamsSettings
@@ -52,7 +52,7 @@ def changelog(app, table: str) -> list:
 
 async def test_a_fault_drains_through_the_fleet_step_and_results_walk_the_node_on(app, emitter):
     m = metrics_of(app)["lifecycle"]
-    fleet_name = LIFECYCLE_FLEET.full(app.conf.id)
+    fleet_name = LIFECYCLE_FLEET.full(app_id(PREFIX))  # the namespace, not the decisions group
     fault = FaultEvent(fault_id="f1", ts=T0 + 5, host="h1", gpu_index=3, code="xid:79", bin="reboot",
                        rule="catalog", first_ts=T0 + 5, last_ts=T0 + 5)
 
@@ -100,7 +100,7 @@ async def test_a_fault_drains_through_the_fleet_step_and_results_walk_the_node_o
 
 
 async def test_fleet_step_trips_the_breaker_waits_for_reset_and_reports_usable_compute(app, emitter):
-    fleet_name = LIFECYCLE_FLEET.full(app.conf.id)
+    fleet_name = LIFECYCLE_FLEET.full(app_id(PREFIX))  # the namespace, not the decisions group
     share = [8, 8, 0, 0, 0, 0, 0, 0, 0]
     records = [{"kind": "share", "host": f"h{i}", "ts": T0 + i, "share": share} for i in range(10)]
     records += [{"kind": "drain", "proposal_id": f"h{i}:1:p1", "host": f"h{i}", "ts": T0 + 20 + i, "repair": "reset",
