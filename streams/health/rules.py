@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +80,14 @@ def _nan_row() -> list:
     return [math.nan] * len(COLS)
 
 
+_NAN_ROW = _nan_row()  # read-only: np.array copies it
+_reading = operator.itemgetter(*FIELDS)
+_LATEST_COLS = (("temp", "gpu_temp_c"), ("slow", "slowdown_temp_c"), ("hbm", "hbm_temp_c"),
+                ("hbm_max", "hbm_max_op_temp_c"), ("pending", "row_remap_pending"), ("failure", "row_remap_failure"),
+                ("pages", "retired_pages_pending"), ("action", "recovery_action"))
+_LATEST, _LATEST_FROM = [C[c] for c, _ in _LATEST_COLS], [F[f] for _, f in _LATEST_COLS]
+
+
 @dataclass
 class HostHealth:
     """Everything the score of one host needs, JSON-able for the changelog."""
@@ -95,9 +104,10 @@ class HostHealth:
     emitted: dict[str, list] = field(default_factory=dict)  # "node" -> [score, gates, ts]; "<gpu>" -> [score, gates]
 
     def to_json(self) -> dict:
-        enc = lambda row: [None if math.isnan(x) else x for x in row]  # noqa: E731
+        # Rows keep NaN for unknown: the changelog's JSON encoder (orjson) writes null. Rows are replaced, never
+        # changed in place, so this state and the stored value may share them.
         return {"wm": self.wm, "rack": self.rack, "installed": self.installed, "present": self.present,
-                "gpus": {str(i): enc(r) for i, r in self.gpus.items()}, "since": self.since, "faults": self.faults,
+                "gpus": {str(i): r for i, r in self.gpus.items()}, "since": self.since, "faults": self.faults,
                 "stragglers": {str(i): v for i, v in self.stragglers.items()}, "repaired_at": self.repaired_at,
                 "emitted": self.emitted}
 
@@ -106,26 +116,60 @@ class HostHealth:
         if not raw:
             return cls()
         return cls(raw["wm"], raw["rack"], raw["installed"], list(raw["present"]),
-                   {int(i): [_num(x) for x in r] for i, r in raw["gpus"].items()}, dict(raw["since"]),
+                   {int(i): r if None not in r else [_num(x) for x in r] for i, r in raw["gpus"].items()}, dict(raw["since"]),
                    [list(f) for f in raw["faults"]], {int(i): list(v) for i, v in raw["stragglers"].items()},
                    raw["repaired_at"], {k: list(v) for k, v in raw["emitted"].items()})
 
 
 def apply_sample(h: HostHealth, s: dict, cfg: HealthConfig) -> bool:
-    """Fold one host sample into the host's state (vectorised over its GPUs); False if it is a replay or stale."""
-    ts, gpus = float(s["ts"]), s["gpus"]
-    if ts <= h.wm:
-        return False
-    idx = [g["index"] for g in gpus]
-    m = np.array([[g.get(f) for f in FIELDS] for g in gpus], dtype=float).reshape(len(gpus), len(FIELDS))  # None: NaN
-    p = np.array([h.gpus.get(i) or _nan_row() for i in idx], dtype=float).reshape(len(idx), len(COLS))
+    """Fold one host sample into the host's state; False if it is a replay or stale."""
+    return apply_samples([(h, s)], cfg)[0]
+
+
+def apply_samples(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> list[bool]:
+    """Fold samples into their hosts' states, vectorised over every GPU of every host at once; a host's samples fold
+    in their order (a host seen k times takes k rounds). Per pair: False if it was a replay or stale."""
+    out = [False] * len(pairs)
+    rounds: list[list[int]] = []
+    seen: dict[int, int] = {}
+    for k, (h, _) in enumerate(pairs):
+        r = seen.get(id(h), 0)
+        seen[id(h)] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(k)
+    for ks in rounds:
+        live = [k for k in ks if float(pairs[k][1]["ts"]) > pairs[k][0].wm]
+        if live:
+            _fold([pairs[k] for k in live], cfg)
+            for k in live:
+                out[k] = True
+    return out
+
+
+def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
+    """One round: each host at most once, each sample newer than its host's watermark."""
+    readings, prior, stamps = [], [], []
+    for h, s in pairs:
+        ts = float(s["ts"])
+        for g in s["gpus"]:
+            try:
+                readings.append(_reading(g))
+            except KeyError:  # a reading that leaves optional fields out
+                readings.append([g.get(f) for f in FIELDS])
+            prior.append(h.gpus.get(g["index"]) or _NAN_ROW)
+            stamps.append(ts)
+    m = np.array(readings, dtype=float).reshape(len(readings), len(FIELDS))  # None: NaN
+    p = np.array(prior, dtype=float).reshape(len(prior), len(COLS))
+    ts = np.array(stamps, dtype=float)
     n = p.copy()
     dt = ts - p[:, C["ts"]]
     seen = np.isfinite(dt) & (dt > 0)
     dt_ok = np.where(seen, dt, 1.0)
+    step = np.minimum(dt_ok, cfg.max_gap_s)
 
     def ewma(col: str, x: np.ndarray, tau: float) -> None:
-        w = np.where(seen, 1.0 - np.exp(-np.minimum(dt_ok, cfg.max_gap_s) / tau), 0.0)
+        w = np.where(seen, 1.0 - np.exp(-step / tau), 0.0)
         old = _z(p[:, C[col]])
         n[:, C[col]] = np.where(np.isfinite(x), old * (1.0 - w) + _z(x) * w, old)
 
@@ -137,31 +181,33 @@ def apply_sample(h: HostHealth, s: dict, cfg: HealthConfig) -> bool:
     sbe = np.where(np.isfinite(m[:, F["ecc_sbe_volatile"]]), m[:, F["ecc_sbe_volatile"]], m[:, F["ecc_sbe_aggregate"]])
     links = m[:, [F["nvlink_crc_errors"], F["nvlink_replay_errors"], F["nvlink_recovery_errors"]]]
     links = links * np.array([1.0, 1.0, cfg.nvlink_recovery_factor])
-    nvl = np.where(np.isfinite(links).any(axis=1), np.nansum(links, axis=1), np.nan)  # what the GPU can report
+    with np.errstate(invalid="ignore"):
+        nvl = np.where(np.isfinite(links).any(axis=1), np.nansum(links, axis=1), np.nan)  # what the GPU can report
     for col, cur in (("sbe", sbe), ("pcie", m[:, F["pcie_replay_count"]]), ("nvl", nvl)):
         delta = cur - p[:, C[col]]
         delta = np.where(delta < 0, 0.0, delta)  # a counter that went back was reset (driver reload): new baseline
         ewma(col + "_r", np.where(np.isfinite(delta), delta / dt_ok, np.nan), cfg.rate_tau_s)
         n[:, C[col]] = np.where(np.isfinite(cur), cur, p[:, C[col]])
-    new_dbe = np.zeros(len(idx), dtype=bool)
+    new_dbe = np.zeros(len(ts), dtype=bool)
     for col, f in (("dbe", "ecc_dbe_volatile"), ("dbe_a", "ecc_dbe_aggregate")):
         cur = m[:, F[f]]
         with np.errstate(invalid="ignore"):
             new_dbe |= cur > p[:, C[col]]
         n[:, C[col]] = np.where(np.isfinite(cur), cur, p[:, C[col]])
     n[:, C["dbe_at"]] = np.where(new_dbe, ts, p[:, C["dbe_at"]])
-    for col, f in (("temp", "gpu_temp_c"), ("slow", "slowdown_temp_c"), ("hbm", "hbm_temp_c"),
-                   ("hbm_max", "hbm_max_op_temp_c"), ("pending", "row_remap_pending"),
-                   ("failure", "row_remap_failure"), ("pages", "retired_pages_pending"), ("action", "recovery_action")):
-        n[:, C[col]] = m[:, F[f]]  # latest reading: an unreadable value is unknown now, not what it was
+    n[:, _LATEST] = m[:, _LATEST_FROM]  # latest reading: an unreadable value is unknown now, not what it was
     n[:, C["ts"]] = ts
-    for i, row in zip(idx, n.tolist()):
-        h.gpus[i] = row
-    h.present = sorted(idx)
-    h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
-    h.wm, h.rack = ts, s.get("rack", "") or h.rack
-    gates(h, ts, cfg)  # onsets are the first sample showing a condition, however seldom the host is scored
-    return True
+    rows = n.tolist()
+    j = 0
+    for h, s in pairs:
+        ts_h, idx = float(s["ts"]), [g["index"] for g in s["gpus"]]
+        for i in idx:
+            h.gpus[i] = rows[j]
+            j += 1
+        h.present = sorted(idx)
+        h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
+        h.wm, h.rack = ts_h, s.get("rack", "") or h.rack
+        gates(h, ts_h, cfg)  # onsets are the first sample showing a condition, however seldom the host is scored
 
 
 def apply_fault(h: HostHealth, f: Mapping, cfg: HealthConfig) -> bool:
@@ -302,12 +348,27 @@ def _z(x):
 
 def score(h: HostHealth, host: str, now: float, cfg: HealthConfig) -> Scores:
     """Score every installed GPU and the node; the node takes its worst GPU, less node-level penalties."""
-    idx = list(range(h.installed))
-    s = np.array([h.gpus.get(i) or _nan_row() for i in idx], dtype=float).reshape(len(idx), len(COLS))
+    return score_all([(h, host, now)], cfg)[0]
+
+
+def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig) -> list[Scores]:
+    """score() of many hosts, vectorised over all their GPUs at once."""
+    bounds, rows, strag, hist, present, fired_of, gpu_gates = [0], [], [], [], [], [], []
+    for h, _, now in hosts:
+        on = set(h.present)
+        for i in range(h.installed):
+            rows.append(h.gpus.get(i) or _NAN_ROW)
+            strag.append(_straggler(h, i, now, cfg) if h.stragglers else 0.0)
+            hist.append(_history(h, i, now, cfg) if h.faults else 0.0)
+            present.append(i in on)
+        bounds.append(len(rows))
+        fired = gates(h, now, cfg)
+        fired_of.append(fired)
+        gpu_gates += [sorted(k.split("/", 1)[1] for k in fired if k.startswith(f"gpu{i}/")) for i in range(h.installed)]
+    s = np.array(rows, dtype=float).reshape(len(rows), len(COLS))
     col = lambda c: s[:, C[c]]  # noqa: E731
     v = np.column_stack([col("slow") - col("temp"), col("hard") + cfg.power_cap_factor * col("cap"),
-                         col("sbe_r") * 3600.0, col("pcie_r") * 60.0, col("nvl_r"),
-                         [_straggler(h, i, now, cfg) for i in idx], [_history(h, i, now, cfg) for i in idx]])
+                         col("sbe_r") * 3600.0, col("pcie_r") * 60.0, col("nvl_r"), strag, hist])
     full = np.array([cfg.full_at[n] for n in NAMES])
     with np.errstate(invalid="ignore", divide="ignore"):
         share = v / full
@@ -315,24 +376,31 @@ def score(h: HostHealth, host: str, now: float, cfg: HealthConfig) -> Scores:
                               / cfg.hbm_margin_c)  # headroom: less is worse
         share[:, 2] = np.log1p(v[:, 2]) / np.log1p(full[2])
     w = np.array([cfg.weights[n] for n in NAMES])
-    present = np.isin(np.array(idx, dtype=int), h.present)
-    pts = np.where(present[:, None], w * np.clip(_z(share), 0.0, 1.0), 0.0)
-    fired = gates(h, now, cfg)
+    on = np.array(present, dtype=bool)
+    pts = np.where(on[:, None], w * np.clip(_z(share), 0.0, 1.0), 0.0)
     soft = np.clip(100.0 - pts.sum(axis=1), 0.0, 100.0)
-    gpu_gates = [sorted(k.split("/", 1)[1] for k in fired if k.startswith(f"gpu{i}/")) for i in idx]
     gated = np.array([bool(g) for g in gpu_gates], dtype=bool)
     gpu_score = np.round(np.where(gated, np.minimum(soft, cfg.gate_cap), soft), 2)
-    node_pts = [(n, val, cfg.weights[n] * min(1.0, val / cfg.full_at[n])) for n, val in (
-        ("straggler_slowdown", _straggler(h, -1, now, cfg)), ("fault_history", _history(h, -1, now, cfg))) if val > 0]
-    worst = int(np.argmin(gpu_score)) if idx else -1
-    node = max(0.0, (float(gpu_score[worst]) if idx else 100.0) - sum(p for _, _, p in node_pts))
-    if fired:
-        node = min(node, cfg.gate_cap)
-    strag_loss = np.where(present & ~gated, v[:, 5] / (100.0 + v[:, 5]), 0.0)
+    strag_loss = np.where(on & ~gated, v[:, 5] / (100.0 + v[:, 5]), 0.0)
     thr = _z(col("hard")) * cfg.throttle_clock_loss + _z(col("cap")) * cfg.power_cap_clock_loss
-    inputs = {"installed_gpus": h.installed, "present_gpus": len(h.present), "gated_gpus": int(gated.sum()),
-              "straggler_loss_gpus": round(float(strag_loss.sum()), 4),
-              "throttle_loss_gpus": round(float(np.where(present & ~gated, np.maximum(thr - strag_loss, 0.0),
-                                                         0.0).sum()), 4),
-              "worst_gpu": worst, **{f"gate_since.{k}": t for k, t in fired.items()}}
-    return Scores(host, now, h.rack, s, v, pts, gpu_score, gpu_gates, round(node, 2), node_pts, fired, inputs)
+    thr_loss = np.where(on & ~gated, np.maximum(thr - strag_loss, 0.0), 0.0)
+    scores_l, strag_l, thr_l, gated_l = gpu_score.tolist(), strag_loss.tolist(), thr_loss.tolist(), gated.tolist()
+    out = []
+    for k, (h, host, now) in enumerate(hosts):
+        a, b = bounds[k], bounds[k + 1]
+        fired = fired_of[k]
+        node_pts = [(n, val, cfg.weights[n] * min(1.0, val / cfg.full_at[n])) for n, val in (
+            ("straggler_slowdown", _straggler(h, -1, now, cfg)), ("fault_history", _history(h, -1, now, cfg)))
+            if val > 0]
+        mine = scores_l[a:b]
+        worst = min(range(len(mine)), key=mine.__getitem__) if mine else -1  # the first lowest, as argmin
+        node = max(0.0, (mine[worst] if mine else 100.0) - sum(p for _, _, p in node_pts))
+        if fired:
+            node = min(node, cfg.gate_cap)
+        inputs = {"installed_gpus": h.installed, "present_gpus": len(h.present), "gated_gpus": sum(gated_l[a:b]),
+                  "straggler_loss_gpus": round(float(np.sum(strag_l[a:b])), 4),
+                  "throttle_loss_gpus": round(float(np.sum(thr_l[a:b])), 4),
+                  "worst_gpu": worst, **{f"gate_since.{key}": t for key, t in fired.items()}}
+        out.append(Scores(host, now, h.rack, s[a:b], v[a:b], pts[a:b], gpu_score[a:b], gpu_gates[a:b], round(node, 2),
+                          node_pts, fired, inputs))
+    return out

@@ -18,14 +18,14 @@ from core.errors import DecodeError
 from schemas.analytics import HealthScore
 from schemas.codec import encode
 from schemas.topics import FAULTS, HEALTH, HEALTH_STRAGGLERS, REMEDIATION, SAMPLES, STRAGGLERS
-from streams.health.rules import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
-                                  apply_straggler, health_config, score)
+from streams.health.rules import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_samples,
+                                  apply_straggler, health_config, score_all)
 from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
 
 HOSTS = "hosts"
 NUMBER = (int, float)
 FORWARDED = ("host", "gpu_index", "ts", "flagged", "slowdown_pct", "z", "job", "rank")
-APPLY = {"sample": apply_sample, "fault": apply_fault, "result": lambda st, rec, cfg: apply_remediation(st, rec),
+APPLY = {"fault": apply_fault, "result": lambda st, rec, cfg: apply_remediation(st, rec),
          "straggler": lambda st, rec, cfg: apply_straggler(st, rec)}
 
 
@@ -73,6 +73,14 @@ def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emi
     hosts: dict[str, HostHealth] = {}
     durable: set[str] = set()
     now: dict[str, float] = {}
+    samples: list[tuple[HostHealth, dict]] = []  # folded together, vectorised; flushed before another record of theirs
+    waiting: set[str] = set()
+
+    def fold() -> None:
+        apply_samples(samples, cfg)
+        samples.clear()
+        waiting.clear()
+
     for r in records:
         rec = r.value
         if r.kind == "standing":  # flagged now, or a flag that may just clear: tell the rank's host
@@ -81,16 +89,21 @@ def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emi
             continue
         host = rec["host"]
         st = hosts.get(host) or HostHealth.from_json(state.get(HOSTS, host))
-        changed = APPLY[r.kind](st, rec, cfg)
         hosts[host] = st
-        if changed and r.kind != "sample":
-            durable.add(host)
+        if r.kind == "sample":
+            samples.append((st, rec))
+            waiting.add(host)
+        else:
+            if host in waiting:  # this host's earlier samples first: records apply in their order
+                fold()
+            if APPLY[r.kind](st, rec, cfg):
+                durable.add(host)
         now[host] = max(now.get(host, 0.0), float(rec["ts"] if r.kind != "fault" else rec["last_ts"]))
+    fold()
+    scored = [(st, host, max(st.wm, now[host])) for host, st in hosts.items() if st.installed]  # 0: no sample yet
     rows: list[HealthScore] = []
-    for host, st in hosts.items():
-        if st.installed == 0:
-            continue  # no sample yet: nothing to score
-        picked = news(st, score(st, host, max(st.wm, now[host]), cfg), cfg)
+    for (st, host, _), sc in zip(scored, score_all(scored, cfg)):
+        picked = news(st, sc, cfg)
         if picked:
             durable.add(host)
             rows += picked
