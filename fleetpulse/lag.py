@@ -41,6 +41,16 @@ class OffsetWatch:
             lag += end - (meta.offset if meta is not None and meta.offset >= 0 else 0)
         return lag
 
+    async def groups_lag(self, groups: list[tuple[str, list[str]]]) -> int | None:
+        """group_lag summed over (group, topics) pairs; None while any group is still forming."""
+        total = 0
+        for group, topics in groups:
+            lag = await self.group_lag(group, topics)
+            if lag is None:
+                return None
+            total += lag
+        return total
+
     async def close(self) -> None:
         await self.consumer.stop()
         await self.admin.close()

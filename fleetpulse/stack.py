@@ -151,13 +151,10 @@ class Stack:
         stages = [("sink", s.topic_prefix + "fleetpulse-sink",
                    [tb.topic.full(s.topic_prefix) for tb in TABLE_BY_TOPIC.values()], self.args.drain_timeout)]
         if "streams" in self.children:
-            from streams.app import group_id
-            from streams.registry import select, workers
+            from streams.app import worker_groups
 
-            for worker, chosen in reversed(workers(select(None)).items()):
-                inputs = sorted({t.full(s.topic_prefix) for stage in chosen for t in stage.topics()})
-                stages.insert(0, ("streams", group_id(s.topic_prefix, worker), inputs,
-                                  min(30.0, self.args.drain_timeout)))
+            for group, inputs in reversed(worker_groups(s.topic_prefix)):
+                stages.insert(0, ("streams", group, inputs, min(30.0, self.args.drain_timeout)))
         for k, (name, group, topics, budget) in enumerate(stages):
             deadline = time.monotonic() + budget
             while time.monotonic() < deadline and self.children[name].running:

@@ -46,6 +46,12 @@ def group_id(prefix: str = "", worker: str = registry.WORKERS[0]) -> str:
     return app_id(prefix) if worker == registry.WORKERS[0] else f"{app_id(prefix)}-{worker}"
 
 
+def worker_groups(prefix: str = "", stages: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """Per worker the chosen stages need: its consumer group and the registry topics it reads (its lag's inputs)."""
+    return [(group_id(prefix, worker), sorted({t.full(prefix) for st in chosen for t in st.topics()}))
+            for worker, chosen in registry.workers(registry.select(stages)).items()]
+
+
 def _namespaced_table(namespace: str) -> type[faust.Table]:
     """faust names changelogs after the app id; ours keep the namespace's name, so a table's changelog is the same
     topic whichever worker (consumer group) runs its stage."""

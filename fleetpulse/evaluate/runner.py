@@ -96,12 +96,6 @@ class Evaluation:
         self.logs = settings.data_dir / "evaluate" / self.tag
         self.timings: dict[str, float] = {}
 
-    @property
-    def app_id(self) -> str:
-        from streams.app import app_id
-
-        return app_id(self.settings.topic_prefix)
-
     def _worker_env(self) -> dict[str, str]:
         budgets = self.plan.scenario.fleet.rack_budgets_w
         env = {**os.environ, "FLEETPULSE_TOPIC_PREFIX": self.settings.topic_prefix,
@@ -128,9 +122,9 @@ class Evaluation:
         stop_sink = asyncio.Event()
         sink_task = asyncio.create_task(run_sink(sink, stop_sink))
         await self._start_worker()
-        from streams.registry import select
+        from streams.app import worker_groups
 
-        stream_inputs = sorted({t.full(s.topic_prefix) for stage in select(None) for t in stage.topics()})
+        stream_inputs = worker_groups(s.topic_prefix)  # per stream worker: its group and the topics it reads
         watch = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
         await watch.start()
         drains = asyncio.create_task(self._follow_drains())
@@ -154,7 +148,7 @@ class Evaluation:
             self.progress.say(f"deleted the run's {len(deleted)} topics; its rows stay in {self.database}", force=True)
         return collect.report(self, sim, rows, sink)
 
-    async def _publish(self, watch: OffsetWatch, stream_inputs: list[str]) -> dict:
+    async def _publish(self, watch: OffsetWatch, stream_inputs: list[tuple[str, list[str]]]) -> dict:
         """Publish every tick (with the bot's answers that came due) as fast as the worker follows."""
         p, s = self.plan, self.settings
         sim = FleetSimulator(p.hosts, seed=p.seed, scenario=p.scenario, interval=p.interval_s,
@@ -203,11 +197,11 @@ class Evaluation:
             await pub.flush()
         await asyncio.sleep(max(0.0, due(tick.ts) - time.monotonic()))
 
-    async def _hold(self, watch: OffsetWatch, stream_inputs: list[str], stats: dict) -> int | None:
+    async def _hold(self, watch: OffsetWatch, stream_inputs: list[tuple[str, list[str]]], stats: dict) -> int | None:
         """Wait while the worker trails by more than the lag limit (or has not joined yet); at most 120 s."""
         began = time.monotonic()
         while True:
-            lag = await watch.group_lag(self.app_id, stream_inputs)
+            lag = await watch.groups_lag(stream_inputs)
             if lag is not None:
                 stats["max_lag"] = max(stats["max_lag"], lag)
             if lag is not None and lag <= stats["lag_limit"]:
@@ -243,13 +237,13 @@ class Evaluation:
         finally:
             await consumer.stop()
 
-    async def _settle(self, watch: OffsetWatch, stream_inputs: list[str], sink_group: str) -> None:
+    async def _settle(self, watch: OffsetWatch, stream_inputs: list[tuple[str, list[str]]], sink_group: str) -> None:
         """After the last tick: the worker consumes everything, its outputs go quiet, the sink stores all of it."""
         s, deadline = self.settings, time.monotonic() + self.plan.settle_s
         outputs = [t.full(s.topic_prefix) for t in TOPICS.values()]
         quiet_since, last_ends = time.monotonic(), None
         while time.monotonic() < deadline:
-            lag = await watch.group_lag(self.app_id, stream_inputs)
+            lag = await watch.groups_lag(stream_inputs)
             ends = {tp.topic: o for tp, o in (await watch.end_offsets()).items() if tp.topic in outputs}
             if ends != last_ends:
                 quiet_since, last_ends = time.monotonic(), ends
