@@ -14,7 +14,7 @@ from agents.kernel_log import FileSource, JournaldSource, KernelLogCollector, Km
 from agents.nccl import InspectorCollector
 from agents.nvml import DeviceFault, Nvml, NvmlCollector, NvmlPoll, NvmlXidCollector, load_pynvml, normalize_pci_bus_id
 from agents.settings import AgentSettings
-from schemas.events import NcclTiming, XidEvent
+from schemas.events import NcclStep, NcclTiming, XidEvent, group_timings
 from schemas.telemetry import HostSample
 from schemas.topics import NCCL, SAMPLES, XID, Topic
 
@@ -163,5 +163,8 @@ def messages(result: Any, job: str | None = None) -> list[tuple[Topic, BaseModel
     if isinstance(result, DcgmScrape):
         sample = result.sample if job is None else result.sample.model_copy(update={"job": job})
         return [(SAMPLES, sample)]
-    topics = {XidEvent: XID, NcclTiming: NCCL, HostSample: SAMPLES}
-    return [(topics[type(m)], m) for m in (result or [])]
+    topics = {XidEvent: XID, HostSample: SAMPLES}
+    result = list(result or [])
+    timings = [m for m in result if isinstance(m, NcclTiming)]
+    steps = [(NCCL, NcclStep.model_validate(s)) for s in group_timings(timings)]  # a host's ranks: one record each
+    return [(topics[type(m)], m) for m in result if not isinstance(m, NcclTiming)] + steps

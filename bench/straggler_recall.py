@@ -3,7 +3,7 @@
     python bench/straggler_recall.py [--seeds 100] [--pct 5 10 20] [--out bench/results/straggler_recall.json]
 
 `fleetpulse evaluate --scenario straggler` runs the whole pipeline and costs about a minute a seed; this feeds the
-same simulated timings (one 1,024-rank job, rank 517 slowed from 120 s) tick by tick through `streams.stragglers
+same simulated timings (one 1,024-rank job, rank 517 slowed from 120 s) tick by tick through `streams.stragglers.scoring
 .advance`, the function the stragglers stage calls, so recall and false flags can be counted over a hundred seeds.
 Per slowdown: the share of seeds whose slow rank is flagged within --within seconds of onset, the delay quantiles,
 and how many other ranks were flagged in all (the pipeline adds transport, not decisions).
@@ -21,8 +21,8 @@ import numpy as np
 from agents.simulator.runner import FleetSimulator
 from fleetpulse.evaluate.plan import apply_override, load_document
 from agents.simulator.scenario import parse_scenario
-from streams.straggler_windows import Batch
-from streams.stragglers import advance
+from streams.stragglers.windows import Batch
+from streams.stragglers.scoring import advance
 
 
 def one_seed(pct: float, seed: int, duration_s: float) -> tuple[float | None, int]:

@@ -182,21 +182,31 @@ async def worker_runs(args, tmp: Path) -> dict:
     trees = {"after": None} if args.baseline is None else {"before": args.baseline, "after": None}
     inputs = (SAMPLES, NCCL, XID) if args.stages == "all" else (SAMPLES,)
     runs: dict[str, list] = {name: [] for name in trees}
-    ceiling = []
+    ceiling: dict[str, list] = {name: [] for name in trees}
     for k in range(args.repeat):
         for name in (list(trees) if k % 2 == 0 else list(trees)[::-1]):
             env = namespace(tmp)
             os.environ.update(env)
             settings = CommonSettings()
+            # The baseline worker reads NCCL as the per-rank records it was written for; NCCL rates below are rank
+            # timings per second either way (records/s x timings per record), so the two trees compare.
+            per_rank = name == "before" and args.baseline_nccl == "per_rank"
             report = await simulate(settings, hosts=args.hosts, duration=args.ticks, speed=0, seed=7,
-                                    start_ts=time.time() - args.ticks, nccl_interval=args.nccl_interval)
-            if len(ceiling) <= k:
-                n = sum(report.sent[t.name] for t in inputs)
-                seconds, _ = await consume_raw(settings, n, inputs)
-                ceiling.append({t.name: report.sent[t.name] / seconds for t in inputs})
+                                    start_ts=time.time() - args.ticks, nccl_interval=args.nccl_interval,
+                                    per_rank_nccl=per_rank)
+            unit = {t.name: 1.0 for t in inputs}
+            if NCCL in inputs and report.sent.get(NCCL.name):
+                unit[NCCL.name] = report.nccl_timings / report.sent[NCCL.name]
+            n = sum(report.sent[t.name] for t in inputs)
+            seconds, _ = await consume_raw(settings, n, inputs)  # the ceiling of this very publication
+            ceiling[name].append({t.name: report.sent[t.name] * unit[t.name] / seconds for t in inputs})
             profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
-            runs[name].append(await stream_worker(settings, env, worker_topics(settings, args.stages),
-                                                  stages=args.stages, cwd=trees[name], profile=profile))
+            run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
+                                      cwd=trees[name], profile=profile)
+            for topic, rate in run.get("topics", {}).items():
+                rate["records_per_timing"] = round(1.0 / unit.get(topic, 1.0), 4)
+                rate["per_s"] = round(rate["per_s"] * unit.get(topic, 1.0)) if rate["per_s"] else None
+            runs[name].append(run)
             print(name, json.dumps(runs[name][-1]), file=sys.stderr)
 
     def median(rs: list[dict], topic: str) -> float | None:
@@ -204,10 +214,14 @@ async def worker_runs(args, tmp: Path) -> dict:
         return round(statistics.median(vals)) if vals else None
 
     out = {"data": {"hosts": args.hosts, "ticks": args.ticks, "nccl_interval": args.nccl_interval,
-                    "sent": report.sent, "stages": args.stages},
-           "raw_consume_decode": {t.name: round(statistics.median(c[t.name] for c in ceiling)) for t in inputs}}
+                    "sent": report.sent, "nccl_timings": report.nccl_timings, "stages": args.stages,
+                    "units": "samples/s; NCCL: rank timings/s"}}
     for name, rs in runs.items():
+        out[f"raw_consume_decode_{name}"] = {t.name: round(statistics.median(c[t.name] for c in ceiling[name]))
+                                              for t in inputs}
         out[f"stream_worker_{name}"] = {"per_s_median": {t.name: median(rs, t.name) for t in inputs}, "runs": rs}
+        out[f"worker_vs_ceiling_{name}"] = {t.name: round(median(rs, t.name) / out[f"raw_consume_decode_{name}"][
+            t.name], 3) for t in inputs if median(rs, t.name)}
     if "before" in runs:
         out["ratio_after_vs_before"] = {
             t.name: round(median(runs["after"], t.name) / median(runs["before"], t.name), 2)
@@ -276,6 +290,8 @@ if __name__ == "__main__":
                    help="all: the whole worker on samples, XID and NCCL from the simulator (no sink figures)")
     p.add_argument("--nccl-interval", type=float, default=1.0, help="simulated seconds between collectives")
     p.add_argument("--baseline", type=Path, help="another checkout (git archive of a commit) to run side by side")
+    p.add_argument("--baseline-nccl", choices=("per_rank", "steps"), default="per_rank",
+                   help="the NCCL wire form published for --baseline: per_rank for trees before the NcclStep form")
     p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at PATH.<tree>.<k>.json")
     p.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     a = p.parse_args()

@@ -1,4 +1,4 @@
-"""Raw events from hosts besides the periodic sample: kernel-log XIDs and per-rank NCCL timings."""
+"""Raw events from hosts besides the periodic sample: kernel-log XIDs and NCCL timings (per rank, grouped per host)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,81 @@ class NcclTiming(BaseModel):
             if (reason := check(self.__dict__)) is not None:
                 raise ValueError(reason)
         return self
+
+
+def ranks_in_world(t: Mapping[str, Any]) -> str | None:
+    """Every rank of a step record numbers one member of its communicator."""
+    for r in t["ranks"]:
+        if r["rank"] >= t["world_size"]:
+            return f"ranks: rank {r['rank']} is not below world_size {t['world_size']}"
+    return None
+
+
+class RankTiming(BaseModel):
+    """One rank's share of an NcclStep: what differs between the ranks of one host around one collective."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
+    gpu_index: int | None = Field(default=None, ge=0)
+    ts: float = Field(gt=0, json_schema_extra=TS, description="collective start on this rank, epoch seconds")
+    compute_us: float = Field(ge=0, description="compute time since this rank's previous collective")
+    collective_us: float = Field(ge=0, description="time inside the collective, waiting included")
+
+
+# NcclTiming's fields that the ranks of one host share around one collective: the key of an NcclStep.
+STEP_KEY = ("job", "world_size", "host", "collective", "seq", "bytes", "source")
+
+
+class NcclStep(BaseModel):
+    """The timings of one host's ranks around one collective of a job (the wire form of fleet.telemetry.nccl): the
+    fields those ranks share once, each rank's own in `ranks`. One record per host and collective instead of one per
+    rank (8 per host on an 8-GPU node); the sink stores one nccl_timings row per rank, as for NcclTiming."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: str = Field(min_length=1, json_schema_extra=LC)
+    world_size: int = Field(ge=1, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
+    host: str = Field(min_length=1, json_schema_extra=LC)
+    collective: str = Field(json_schema_extra=LC, description="AllReduce, AllGather, ReduceScatter, ...")
+    seq: int = Field(ge=0, description="collective sequence number within the job's communicator")
+    bytes: int = Field(ge=0)
+    source: Literal["inspector", "api", "nccl-tests", "simulator"] = "api"
+    ranks: list[RankTiming] = Field(min_length=1)
+
+    lean_checks: ClassVar[tuple] = (ranks_in_world,)
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> NcclStep:
+        for check in self.lean_checks:
+            if (reason := check(self.model_dump())) is not None:
+                raise ValueError(reason)
+        return self
+
+
+def step_of(timing: Mapping[str, Any]) -> dict:
+    """A checked NcclTiming (the older one-record-per-rank form, still accepted on the topic) as an NcclStep."""
+    return {**{k: timing[k] for k in STEP_KEY},
+            "ranks": [{"rank": timing["rank"], "gpu_index": timing.get("gpu_index"), "ts": timing["ts"],
+                       "compute_us": timing["compute_us"], "collective_us": timing["collective_us"]}]}
+
+
+def group_timings(timings: list[Mapping[str, Any] | NcclTiming]) -> list[dict]:
+    """Per-rank timings (dicts or models) as NcclStep dicts: one per job, host and collective, in first-seen order,
+    ranks in their order."""
+    steps: dict[tuple, dict] = {}
+    for t in timings:
+        t = t.model_dump(mode="json") if isinstance(t, BaseModel) else t
+        key = tuple(t.get(k, "api") if k == "source" else t[k] for k in STEP_KEY)
+        step = steps.get(key)
+        if step is None:
+            steps[key] = step = {**dict(zip(STEP_KEY, key)), "ranks": []}
+        step["ranks"].append({"rank": t["rank"], "gpu_index": t.get("gpu_index"), "ts": t["ts"],
+                              "compute_us": t["compute_us"], "collective_us": t["collective_us"]})
+    return list(steps.values())
+
+
+def timings_of(step: Mapping[str, Any]) -> list[dict]:
+    """An NcclStep dict as the older per-rank NcclTiming dicts (what agents before the step form published)."""
+    head = {k: step[k] for k in STEP_KEY}
+    return [{**head, **r} for r in step["ranks"]]

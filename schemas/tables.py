@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from core.errors import DecodeError
 from schemas import topics as t
 from schemas.columns import Column, columns_of
+from schemas.events import NcclTiming
 from schemas.telemetry import GpuReading, HostSample
 
 PROVENANCE = (
@@ -59,7 +60,12 @@ def _fields(model: type[BaseModel], rename: dict[str, str] | None = None, exclud
 
 @dataclass(frozen=True)
 class Table:
-    """One sink table: its columns, sort key, partitioning and retention, and the topic it is fed from."""
+    """One sink table: its columns, sort key, partitioning and retention, and the topic it is fed from.
+
+    A table with `items` stores one row per element of that list field of a record (a sample's GPUs, a step's ranks):
+    the record's other fields, optionally the list's length (`count_column`), then the element's fields; with
+    `item_fields` empty, `fields` are taken from the record and the element together (the element's keys win), so
+    the columns keep the order of a per-element model (nccl_timings: NcclTiming's, as before NcclStep)."""
 
     name: str
     topic: t.Topic
@@ -67,14 +73,16 @@ class Table:
     order_by: tuple[str, ...]
     ttl_days: int
     time_column: str = "ts"
-    per_gpu: bool = False
-    gpu_fields: list[_Field] = field(default_factory=list)
+    items: str | None = None
+    item_fields: list[_Field] = field(default_factory=list)
+    count_column: str | None = None
 
     @property
     def columns(self) -> list[Column]:
         data = [f.column for f in self.fields]
-        if self.per_gpu:
-            data += [Column("gpu_count", "UInt8", None, int)] + [f.column for f in self.gpu_fields]
+        if self.items:
+            data += [Column(self.count_column, "UInt8", None, int)] if self.count_column else []
+            data += [f.column for f in self.item_fields]
         return data + list(PROVENANCE)
 
     @property
@@ -85,17 +93,24 @@ class Table:
         """Rows for one decoded record; raises DecodeError (-> dead-letter topic) on a malformed one."""
         if type(record) is not dict:
             raise DecodeError(f"expected a JSON object, got {type(record).__name__}")
-        head = tuple(f.take(record) for f in self.fields)
-        if not self.per_gpu:
-            return [head + (partition, offset, kafka_ts_ms)]
-        gpus = record.get("gpus")
-        if type(gpus) is not list:
-            raise DecodeError("field 'gpus': expected a list of GPU readings")
+        if not self.items:
+            return [tuple(f.take(record) for f in self.fields) + (partition, offset, kafka_ts_ms)]
+        items = record.get(self.items)
+        if not self.item_fields:
+            if type(items) is not list or any(type(item) is not dict for item in items):
+                raise DecodeError(f"field {self.items!r}: expected a list of objects")
+            return [tuple(f.take({**record, **item}) for f in self.fields) + (partition, offset, kafka_ts_ms)
+                    for item in items]
+        head = tuple(f.take(record) for f in self.fields)  # a missing shared field is named first
+        if type(items) is not list:
+            raise DecodeError(f"field {self.items!r}: expected a list")
+        if self.count_column:
+            head += (len(items),)
         rows = []  # a host whose every GPU faulted sends none: nothing to store, its faults are on fleet.faults
-        for gpu in gpus:
-            if type(gpu) is not dict:
-                raise DecodeError("field 'gpus': expected objects")
-            rows.append(head + (len(gpus),) + tuple(f.take(gpu) for f in self.gpu_fields) + (partition, offset, kafka_ts_ms))
+        for item in items:
+            if type(item) is not dict:
+                raise DecodeError(f"field {self.items!r}: expected objects")
+            rows.append(head + tuple(f.take(item) for f in self.item_fields) + (partition, offset, kafka_ts_ms))
         return rows
 
 
@@ -111,10 +126,10 @@ TABLES: dict[str, Table] = {
         Table(
             "gpu_samples", t.SAMPLES, _fields(HostSample, exclude={"gpus"}),
             order_by=("cluster", "host", "gpu_index", "ts"), ttl_days=30,
-            per_gpu=True, gpu_fields=_fields(GpuReading, rename=GPU_RENAME),
+            items="gpus", item_fields=_fields(GpuReading, rename=GPU_RENAME), count_column="gpu_count",
         ),
         _flat("xid_events", t.XID, ("host", "ts", "code"), 365),
-        _flat("nccl_timings", t.NCCL, ("job", "seq", "rank"), 30),
+        Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), 30, items="ranks"),
         _flat("health_scores", t.HEALTH, ("host", "ts"), 90),
         _flat("faults", t.FAULTS, ("host", "ts", "code"), 365),
         _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), 90),

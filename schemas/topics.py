@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel
+
+from core.errors import DecodeError
 
 from schemas.analytics import (
     Alert, DrainEvent, FaultEvent, HealthScore, InjectedFault, NodeState, RemediationResult, StragglerScore,
     UsableCompute,
 )
-from schemas.events import NcclTiming, XidEvent
+from schemas.events import NcclStep, NcclTiming, XidEvent, step_of
 from schemas.telemetry import HostSample
 from schemas.validate import validator
 
@@ -27,6 +31,9 @@ class Topic:
     retention_ms: int
     compacted: bool = False
     description: str = ""
+    # An older record form the topic still carries (records already on it, agents not yet upgraded): its model, and
+    # how a checked record of it becomes `model`'s form. Tried when a record is not `model`'s.
+    legacy: tuple[type[BaseModel], Callable[[dict], dict]] | None = None
 
     def full(self, prefix: str = "") -> str:
         """The topic's name on the cluster: a namespace prefix (e.g. 'staging.') before the registry name."""
@@ -40,11 +47,26 @@ class Topic:
 
     def decode(self, raw: bytes | None) -> dict:
         """A record's value, decoded and checked by the topic's one validator (schemas/validate.py)."""
-        return validator(self.model).decode(raw)
+        try:
+            return validator(self.model).decode(raw)
+        except DecodeError as exc:
+            return self._legacy(exc, lambda model: validator(model).decode(raw))
 
     def check(self, value: object) -> dict:
         """An already decoded value, checked by the same validator."""
-        return validator(self.model).check(value)
+        try:
+            return validator(self.model).check(value)
+        except DecodeError as exc:
+            return self._legacy(exc, lambda model: validator(model).check(value))
+
+    def _legacy(self, exc: DecodeError, read: Callable[[type[BaseModel]], Any]) -> dict:
+        """A record that is not `model`'s: the legacy form's, upgraded, if it is one; else the first error. A record
+        is taken for the legacy form when the current form's first required field it lacks is one of the legacy
+        form's absent fields (NcclTiming has no `ranks`)."""
+        if self.legacy is None or "missing required field" not in str(exc):
+            raise exc
+        model, upgrade = self.legacy
+        return upgrade(read(model))
 
     def config(self) -> dict[str, str]:
         """Kafka topic configs for creation."""
@@ -57,7 +79,8 @@ class Topic:
 _TOPICS = [
     Topic("fleet.telemetry.samples", "host", HostSample, 8, 3 * DAY_MS, description="one sample per host per interval"),
     Topic("fleet.telemetry.xid", "host", XidEvent, 8, 14 * DAY_MS, description="XID / SXid events"),
-    Topic("fleet.telemetry.nccl", "job", NcclTiming, 8, 3 * DAY_MS, description="per-rank collective timings"),
+    Topic("fleet.telemetry.nccl", "job", NcclStep, 8, 3 * DAY_MS, legacy=(NcclTiming, step_of),
+          description="collective timings, one record per host and collective (per-rank NcclTiming still read)"),
     Topic("fleet.health.scores", "host", HealthScore, 8, 7 * DAY_MS, description="GPU and node health scores"),
     Topic("fleet.faults", "host", FaultEvent, 8, 30 * DAY_MS, description="binned fault events"),
     Topic("fleet.stragglers", "job", StragglerScore, 8, 7 * DAY_MS, description="per-rank straggler scores"),

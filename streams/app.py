@@ -27,10 +27,10 @@ class StreamsRuntime:
     """What fleetpulse hangs on the app (`app.fleetpulse`): settings, the stages wired, their counters and agents."""
 
     settings: StreamsSettings
-    stages: list[registry.Stage | StageSpec]
+    stages: list[StageSpec]
     metrics: MetricsRegistry
     emitter: Emitter
-    agents: dict[str, list]  # stage name -> its faust agents (a runtime stage: its lane's agent)
+    agents: dict[str, list]  # stage name -> the faust agents of its lanes
     worker: str = registry.WORKERS[0]
     lanes: list[Lane] = field(default_factory=list)
 
@@ -125,13 +125,8 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     runtime = StreamsRuntime(s, chosen, metrics, emitter or TopicEmitter(app), {}, worker=worker)
     lanes: dict[str, list[Wired]] = {}
     for stage in chosen:
-        if isinstance(stage, StageSpec):
-            for w in wired(app, stage, s, metrics):
-                lanes.setdefault(w.step.lane, []).append(w)
-            continue
-        ctx = registry.StageContext(stage.name, s, metrics.stage(stage.name), runtime.emitter,
-                                    registry.stage_logger(stage.name))
-        runtime.agents[stage.name] = stage.wire(app, ctx)
+        for w in wired(app, stage, s, metrics):
+            lanes.setdefault(w.step.lane, []).append(w)
     counted: set[str] = set()
     for name, stages in lanes.items():
         lane = Lane(name, stages, prefix=s.topic_prefix, app_id=namespace, emitter=runtime.emitter,

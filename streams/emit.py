@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import faust
 from faust.types import EventT
 
 from schemas.dead_letter import dead_letter
-
-if TYPE_CHECKING:
-    from streams.context import StageContext
 
 Headers = list[tuple[str, bytes]]
 
@@ -78,24 +75,3 @@ async def send_dead_letter(emitter: Emitter, dlq_topic: str, event: EventT, reas
     value, headers = dead_letter(msg.value, reason=reason, topic=msg.topic, partition=msg.partition,
                                  offset=msg.offset, component=component)
     return await emitter.send(dlq_topic, msg.key, value, headers)
-
-
-def refuse_invalid(ctx: StageContext, event: EventT, reason: str) -> None:
-    """Skip a registry-topic record its topic's validator refused: count it and say where it came from.
-
-    No dead letter from the worker: the sink reads every registry topic through the same validator and dead-letters
-    the record once, however many workers and stages refused it.
-    """
-    ctx.metrics.refused += 1
-    msg = event.message
-    ctx.log.warning("refused %s[%s]@%s (the sink dead-letters it): %s", msg.topic, msg.partition, msg.offset, reason)
-
-
-async def refuse(ctx: StageContext, pending: list[Awaitable], event: EventT, dlq_topic: str, reason: str,
-                 component: str) -> None:
-    """Dead-letter one record for a stage (an internal record, or one whose rules raised): send it with its
-    reason, count it, and log where it came from."""
-    pending.append(await send_dead_letter(ctx.emitter, dlq_topic, event, reason, component))
-    ctx.metrics.errored += 1
-    msg = event.message
-    ctx.log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)

@@ -1,4 +1,4 @@
-"""Per-stage counters (received, emitted, errored, refused, batch latency); streams/metrics_server.py serves them."""
+"""Per-stage counters (received, emitted, errored, batch latency) and per-topic refusals; streams/metrics_server.py serves them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ class StageMetrics:
     received: int = 0  # records taken from the input topic(s)
     emitted: int = 0  # records produced to the stage's output topics (not dead letters, not repartitions)
     errored: int = 0  # records this stage dead-lettered (internal records, or rules that raised)
-    refused: int = 0  # registry-topic records their topic's validator refused (the sink dead-letters those)
     batches: int = 0
     latency_sum_s: float = 0.0
     latency_max_s: float = 0.0
@@ -32,7 +31,7 @@ class StageMetrics:
         self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
 
     def snapshot(self) -> dict[str, float]:
-        return {"received": self.received, "emitted": self.emitted, "errored": self.errored, "refused": self.refused,
+        return {"received": self.received, "emitted": self.emitted, "errored": self.errored,
                 "batches": self.batches, "latency_sum_s": self.latency_sum_s, "latency_max_s": self.latency_max_s}
 
 

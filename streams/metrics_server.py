@@ -23,8 +23,7 @@ class WorkerMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         helps = {"received": "records taken from the stage's inputs", "emitted": "records sent to its output topics",
-                 "errored": "records it dead-lettered (internal records, or its rules raised)",
-                 "refused": "registry-topic records refused by the topic's validator, seen by this stage's wrapper"}
+                 "errored": "records it dead-lettered (internal records, or its rules raised)"}
         for name, help_text in helps.items():
             family = CounterMetricFamily(f"fleetpulse_stage_{name}", help_text, labels=["stage"])
             for stage, m in list(self.metrics.items()):

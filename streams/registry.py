@@ -3,46 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import faust
-
 from core.errors import ConfigError
-from schemas.topics import NCCL, SAMPLES, STRAGGLERS, Topic
-from streams import stragglers_stage
 from streams.lifecycle import stage as lifecycle
 from streams.health import stage as health
 from streams.fault_bins import stage as fault_bins
 from streams.power_thermal import stage as power_thermal
+from streams.stragglers import stage as stragglers
 from streams.runtime.spec import StageSpec
-from streams.context import StageContext
 
 
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    inputs: tuple[Topic, ...]
-    outputs: tuple[Topic, ...]  # each input's dead-letter topic is an output too
-    wire: Callable[[faust.App, StageContext], list]  # registers the stage's agents and tables; returns the agents
-    description: str
-    worker: str = "telemetry"
-
-    def topics(self) -> tuple[Topic, ...]:
-        """The registry topics the stage reads (what its consumer lag is measured on)."""
-        return self.inputs
-
-
-# Stages on the stream runtime (streams/runtime/) are StageSpecs; the rest still wire faust agents of their own.
-_STAGES: list[Stage | StageSpec] = [
+# Every stage is a StageSpec on the stream runtime (streams/runtime/): one package, one line here.
+_STAGES: list[StageSpec] = [
     power_thermal.STAGE,
     fault_bins.STAGE,
-    Stage("stragglers", (NCCL, SAMPLES), (STRAGGLERS,), stragglers_stage.wire,
-          "per-rank robust z of compute or arrival lateness, K of N windows, GPU throttle/temperature -> scores"),
+    stragglers.STAGE,
     health.STAGE,
     lifecycle.STAGE,
 ]
-STAGES: dict[str, Stage | StageSpec] = {s.name: s for s in _STAGES}
+STAGES: dict[str, StageSpec] = {s.name: s for s in _STAGES}
 # The worker processes, in start order; each is one faust app and consumer group (streams/app.py group_id). The
 # decisions worker (lifecycle) reads what the telemetry worker writes; in a process of its own a fault's hops to a
 # drain request never wait behind a burst of samples (one consumer would hand it over only after the samples
@@ -50,7 +28,7 @@ STAGES: dict[str, Stage | StageSpec] = {s.name: s for s in _STAGES}
 WORKERS = ("telemetry", "decisions")
 
 
-def select(names: list[str] | None) -> list[Stage | StageSpec]:
+def select(names: list[str] | None) -> list[StageSpec]:
     """The stages to run, in registry order; None or empty means all. Unknown names stop start-up."""
     if not names:
         return list(_STAGES)
@@ -60,9 +38,9 @@ def select(names: list[str] | None) -> list[Stage | StageSpec]:
     return [s for s in _STAGES if s.name in names]
 
 
-def workers(stages: list[Stage | StageSpec]) -> dict[str, list[Stage | StageSpec]]:
+def workers(stages: list[StageSpec]) -> dict[str, list[StageSpec]]:
     """The chosen stages by the worker they run in, in WORKERS order."""
-    out: dict[str, list[Stage | StageSpec]] = {}
+    out: dict[str, list[StageSpec]] = {}
     for w in WORKERS:
         mine = [s for s in stages if s.worker == w]
         if mine:

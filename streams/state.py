@@ -15,3 +15,9 @@ def put(table: faust.Table, partition: int, key: str, value: dict) -> Awaitable:
     """
     table.data[key] = value
     return table.send_changelog(partition, key, value)  # done once the broker has the changelog record
+
+
+def delete(table: faust.Table, partition: int, key: str) -> Awaitable:
+    """Drop a table key and write its tombstone (a null value: compaction removes the key) to `partition`."""
+    table.data.pop(key, None)
+    return table.send_changelog(partition, key, None, value_serializer="raw")

@@ -39,7 +39,7 @@ class NcclModel:
             self.rank_bias.append(rng.normal(0.0, 0.003, job.world_size))
 
     def job_records(self, job: Job, start_ts: float, slowdown: np.ndarray, congestion: float = 1.0) -> list[dict]:
-        """One NcclTiming dict per rank for the job's next collective, starting its step at `start_ts`.
+        """The job's next collective, starting its step at `start_ts`: one NcclStep dict per host (its ranks inside).
 
         `slowdown` is the per-GPU factor on compute time (clock throttling, injected slow ranks); `congestion`
         multiplies the transfer, which every rank of a ring shares. Every rank leaves the collective together,
@@ -58,13 +58,15 @@ class NcclModel:
         starts = (start_ts + compute / 1e6).tolist()
         host_idx = (gpus // 8).tolist()
         index = (gpus % 8).tolist()
-        return [
-            {"job": job.name, "rank": r, "world_size": world, "host": hosts[h], "gpu_index": i,
-             "collective": coll, "seq": seq, "bytes": size, "ts": t, "compute_us": c, "collective_us": w,
-             "source": "simulator"}
-            for r, (h, i, t, c, w) in enumerate(zip(host_idx, index, starts, np.round(compute, 1).tolist(),
-                                                     np.round(collective, 1).tolist()))
-        ]
+        steps: dict[int, dict] = {}  # host index -> its ranks' NcclStep, as an agent on that host would publish it
+        for r, (h, i, t, c, w) in enumerate(zip(host_idx, index, starts, np.round(compute, 1).tolist(),
+                                                 np.round(collective, 1).tolist())):
+            step = steps.get(h)
+            if step is None:
+                steps[h] = step = {"job": job.name, "world_size": world, "host": hosts[h], "collective": coll,
+                                   "seq": seq, "bytes": size, "source": "simulator", "ranks": []}
+            step["ranks"].append({"rank": r, "gpu_index": i, "ts": t, "compute_us": c, "collective_us": w})
+        return list(steps.values())
 
     def records(self, start_ts: float, slowdown: np.ndarray, running: np.ndarray,
                 transfer_factor: np.ndarray) -> list[dict]:

@@ -26,6 +26,7 @@ from core.errors import BrokerError, ConfigError
 from schemas.provision import ensure_topics
 from core.settings import CommonSettings
 from schemas.analytics import InjectedFault
+from schemas.events import timings_of
 from schemas.topics import NCCL, SAMPLES, TRUTH, XID
 
 
@@ -37,8 +38,13 @@ class Tick:
     ts: float
     samples: list[dict]
     xid: list[dict] = field(default_factory=list)
-    nccl: list[dict] = field(default_factory=list)
+    nccl: list[dict] = field(default_factory=list)  # NcclStep dicts: one per host and collective
     truth: list[dict] = field(default_factory=list)
+
+    @property
+    def timings(self) -> list[dict]:
+        """The NCCL steps as per-rank NcclTiming dicts."""
+        return [t for step in self.nccl for t in timings_of(step)]
 
 
 class FleetSimulator:
@@ -122,6 +128,7 @@ class SimulationReport(BaseModel):
     topic_prefix: str = ""
     sent: dict[str, int] = Field(description="records delivered per registry topic name")
     gpu_readings: int = Field(description="GPU rows inside the samples (hosts*8 per tick, less lost GPUs)")
+    nccl_timings: int = Field(default=0, description="rank timings inside the NCCL step records (nccl_timings rows)")
     truth: list[InjectedFault]
 
 
@@ -134,9 +141,12 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                    seed: int | None = None, scenario: str | Path | dict | Scenario | None = None, speed: float = 1.0,
                    start_ts: float | None = None, interval: float | None = None, stop: asyncio.Event | None = None,
                    nccl_interval: float | None = None, cluster: str = "sim",
-                   on_tick: Callable[[Tick, Publisher], None] | None = None) -> SimulationReport:
+                   on_tick: Callable[[Tick, Publisher], None] | None = None,
+                   per_rank_nccl: bool = False) -> SimulationReport:
     """Publish round(duration / interval) ticks: one HostSample per host per tick, plus XID, NCCL and truth records.
 
+    NCCL goes out as one NcclStep per host and collective; per_rank_nccl publishes the older one-record-per-rank
+    NcclTiming form instead (what agents before it sent, and what an older worker reads: bench --baseline).
     speed 1 paces ticks on the wall clock; speed N runs N times faster; speed 0 runs as fast as possible.
     Timestamps advance by `interval` per tick from `start_ts` (default: now, aligned to the interval).
     Arguments left None come from the scenario's fleet and run blocks, then from RUN_DEFAULTS.
@@ -157,7 +167,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
     except KafkaError as exc:
         raise BrokerError(f"cannot create the topics on {settings.bootstrap}: {exc!r}") from exc
     truth: list[dict] = []
-    gpu_readings = 0
+    gpu_readings = nccl_timings = 0
     wall0 = time.monotonic()
     clock0 = time.time()
     done = 0
@@ -176,9 +186,10 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
             await pub.send_many(TRUTH, tick.truth)
             await pub.send_many(XID, tick.xid)
             await pub.send_many(SAMPLES, tick.samples)
-            await pub.send_many(NCCL, tick.nccl)
+            await pub.send_many(NCCL, [t for n in tick.nccl for t in timings_of(n)] if per_rank_nccl else tick.nccl)
             truth.extend(tick.truth)
             gpu_readings += sum(len(s["gpus"]) for s in tick.samples)
+            nccl_timings += sum(len(n["ranks"]) for n in tick.nccl)
             if speed > 0:
                 await pub.flush()
             else:
@@ -192,7 +203,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
         run_id=sim.run_id, scenario=sim.scenario.name, seed=seed, hosts=hosts, gpus=sim.fleet.n_gpus,
         interval=interval, ticks=done, start_ts=sim.start_ts, end_ts=sim.start_ts + max(done - 1, 0) * interval,
         wall_s=round(time.monotonic() - wall0, 3), stopped_early=done < ticks, topic_prefix=settings.topic_prefix,
-        sent=sent, gpu_readings=gpu_readings, truth=[InjectedFault.model_validate(t) for t in truth],
+        sent=sent, gpu_readings=gpu_readings, nccl_timings=nccl_timings, truth=[InjectedFault.model_validate(t) for t in truth],
     )
 
 

@@ -24,7 +24,7 @@ EXPECTED = {
     "power_surge": [],
 }
 SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler...
-# ...when they last long enough to be one: 3 of 5 straggler windows of 30 s (streams/stragglers.py) plus the
+# ...when they last long enough to be one: 3 of 5 straggler windows of 30 s (streams/stragglers/scoring.py) plus the
 # window that closes the third; slowness that clears sooner is transient by design and must raise nothing.
 STRAGGLER_MIN_S = 120.0
 NOT_HARDWARE = {"congestion", "job_crash", "power_surge"}  # a busy link, a crashed process, a heavy load

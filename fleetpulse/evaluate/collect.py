@@ -94,7 +94,7 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
         "accounting": {
             "samples_gpu_rows": {"sent": sim["gpu_readings"], "stored": counts.get("gpu_samples")},
             "xid_lines": {"sent": sent.get("fleet.telemetry.xid", 0), "stored": counts.get("xid_events")},
-            "nccl_timings": {"sent": sent.get("fleet.telemetry.nccl", 0), "stored": counts.get("nccl_timings")},
+            "nccl_timings": {"sent": sim["nccl_timings"], "stored": counts.get("nccl_timings")},
             "truth": {"sent": len(sim["truth"]), "stored": counts.get("sim_truth")},
             "dead_letters": {t: st.dead_letters for t, st in sink.stats.tables.items() if st.dead_letters},
             # at-least-once: a worker that dies re-emits what it had not committed, under the same stable id

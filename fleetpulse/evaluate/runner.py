@@ -154,7 +154,7 @@ class Evaluation:
         sim = FleetSimulator(p.hosts, seed=p.seed, scenario=p.scenario, interval=p.interval_s,
                              nccl_interval=p.nccl_interval_s, start_ts=float(int(time.time())))
         ticks = max(1, round(p.duration_s / p.interval_s))
-        stats = {"start_ts": sim.start_ts, "ticks": 0, "truth": [], "gpu_readings": 0, "max_lag": 0,
+        stats = {"start_ts": sim.start_ts, "ticks": 0, "truth": [], "gpu_readings": 0, "nccl_timings": 0, "max_lag": 0,
                  "lag_waits_s": 0.0, "run_id": sim.run_id, "fleet_gpus": sim.fleet.n_gpus}
         wall0 = time.monotonic()
         async with Publisher(s, client_id=f"fleetpulse-evaluate-{self.tag}") as pub:
@@ -175,6 +175,7 @@ class Evaluation:
                 stats["ticks"] += 1
                 stats["truth"] += tick.truth
                 stats["gpu_readings"] += sum(len(x["gpus"]) for x in tick.samples)
+                stats["nccl_timings"] += sum(len(x["ranks"]) for x in tick.nccl)
                 stats["end_ts"] = tick.ts
                 stats["lag_limit"] = p.lag_limit(len(tick.samples) + len(tick.xid) + len(tick.nccl))
                 lag = await self._hold(watch, stream_inputs, stats)

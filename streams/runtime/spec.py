@@ -73,6 +73,9 @@ class State(Protocol):
         """Set `key`; durable writes reach the changelog (on the partition of the records keyed `key`), the others
         stay in memory (state a restart may lose, recovered up to the last durable write)."""
 
+    def delete(self, table: str, key: str, *, partition: int | None = None) -> None:
+        """Remove `key` from `table` and its changelog (a tombstone, on the partition as for put)."""
+
 
 StepFn = Callable[[Sequence[Record], State, Any], list[Emit]]
 

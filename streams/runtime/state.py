@@ -7,9 +7,10 @@ from typing import Any
 
 import faust
 
-from streams.state import put
+from streams.state import delete, put
 
 _ABSENT = object()
+_DELETED = object()  # a write that removes the key (a tombstone on the changelog)
 
 
 class StepState:
@@ -24,7 +25,7 @@ class StepState:
     def get(self, table: str, key: str, default: Any = None) -> Any:
         hit = self.writes.get((table, key), _ABSENT)
         if hit is not _ABSENT:
-            return hit[0]
+            return default if hit[0] is _DELETED else hit[0]
         if self.parent is not None:
             return self.parent.get(table, key, default)
         return self.tables[table].get(key, default)
@@ -35,7 +36,12 @@ class StepState:
             found = self.parent.scan(table, prefix)
         else:
             found = {k: v for k, v in self.tables[table].items() if k.startswith(prefix)}
-        found.update((k, v[0]) for (t, k), v in self.writes.items() if t == table and k.startswith(prefix))
+        for (t, k), v in self.writes.items():
+            if t == table and k.startswith(prefix):
+                if v[0] is _DELETED:
+                    found.pop(k, None)
+                else:
+                    found[k] = v[0]
         return found
 
     def put(self, table: str, key: str, value: Any, *, durable: bool = True, partition: int | None = None) -> None:
@@ -46,6 +52,10 @@ class StepState:
             durable = durable or prior[1]
             partition = prior[2] if partition is None else partition
         self.writes[(table, key)] = (value, durable, partition)
+
+    def delete(self, table: str, key: str, *, partition: int | None = None) -> None:
+        """Remove `key`: gone from the table, and a tombstone on the changelog (on `partition`, as put's)."""
+        self.put(table, key, _DELETED, partition=partition)
 
     def child(self) -> StepState:
         return StepState(self.tables, self.partitions, parent=self)
@@ -61,6 +71,9 @@ class StepState:
         sent: list[Awaitable] = []
         for (table, key), (value, durable, partition) in self.writes.items():
             t = self.tables[table]
+            if value is _DELETED:
+                sent.append(delete(t, self._partition(t, key, partition), key))
+                continue
             if not durable:
                 t.data[key] = value
                 continue

@@ -72,8 +72,8 @@ def test_slow_rank_computes_slower_and_the_others_wait_longer():
             by.setdefault(r["rank"], []).append(r[field])
         return {k: float(np.median(v)) for k, v in by.items()}
 
-    before = [r for t in ticks[:20] for r in t.nccl]
-    after = [r for t in ticks[20:] for r in t.nccl]
+    before = [r for t in ticks[:20] for r in t.timings]
+    after = [r for t in ticks[20:] for r in t.timings]
     c_before, c_after = per_rank(before, "compute_us"), per_rank(after, "compute_us")
     others = [r for r in c_after if r != 9]
     ratio = c_after[9] / np.median([c_after[r] for r in others])

@@ -23,15 +23,15 @@ def run(sim: FleetSimulator, ticks: int):
 
 
 def seqs(ticks, job: str) -> list[int]:
-    """Per tick: how many NCCL records of `job` it carries."""
-    return [sum(r["job"] == job for r in t.nccl) for t in ticks]
+    """Per tick: how many NCCL rank timings of `job` it carries."""
+    return [sum(r["job"] == job for r in t.timings) for t in ticks]
 
 
 def by_rank(ticks, job: str, field: str) -> np.ndarray:
     """Per collective (rows) and rank (columns) the field's value."""
     rows: dict[int, dict[int, float]] = {}
     for t in ticks:
-        for r in t.nccl:
+        for r in t.timings:
             if r["job"] == job:
                 rows.setdefault(r["seq"], {})[r["rank"]] = r[field]
     return np.array([[row[k] for k in sorted(row)] for _, row in sorted(rows.items())])

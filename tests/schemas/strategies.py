@@ -13,6 +13,8 @@ import annotated_types as at
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from schemas.events import NcclStep
+
 # Values the wire and ClickHouse both carry exactly: finite floats in a sane range, printable text, ms timestamps.
 _FLOAT = dict(allow_nan=False, allow_infinity=False, width=64)
 _TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_categories=("Cs",)), max_size=24)
@@ -73,14 +75,27 @@ def _for(annotation: Any, metadata: list, name: str) -> st.SearchStrategy:
     raise NotImplementedError(f"no strategy for {annotation!r}")
 
 
+def _world_holds_its_ranks(d: dict) -> dict:
+    """NcclStep: a world size drawn below one of the step's ranks is raised to hold them (the rest filter)."""
+    return {**d, "world_size": min(max(d["world_size"], *(r["rank"] + 1 for r in d["ranks"])), 2**32 - 1)}
+
+
+REPAIRS = {NcclStep: _world_holds_its_ranks}  # cross-field rules met by construction where a filter would reject most
+
+
 def model_dicts(model: type[BaseModel]) -> st.SearchStrategy[dict]:
-    """Plain dicts that the model accepts, its cross-field rules (`lean_checks`) included; `gpus` gets 1-8 readings."""
+    """Plain dicts that the model accepts, its cross-field rules (`lean_checks`) included; a list of nested models
+    (`gpus`, `ranks`) gets 1-8 of them."""
     fields = {}
     for name, info in model.model_fields.items():
-        if name == "gpus":
-            (item,) = typing.get_args(info.annotation)
-            fields[name] = st.lists(model_dicts(item), min_size=1, max_size=8)
+        args = typing.get_args(info.annotation)
+        if typing.get_origin(info.annotation) is list and args and isinstance(args[0], type) \
+                and issubclass(args[0], BaseModel):
+            fields[name] = st.lists(model_dicts(args[0]), min_size=1, max_size=8)
         else:
             fields[name] = _for(info.annotation, info.metadata, name)
     checks = getattr(model, "lean_checks", ())
-    return st.fixed_dictionaries(fields).filter(lambda d: all(check(d) is None for check in checks))
+    drawn = st.fixed_dictionaries(fields)
+    if model in REPAIRS:
+        drawn = drawn.map(REPAIRS[model])
+    return drawn.filter(lambda d: all(check(d) is None for check in checks))

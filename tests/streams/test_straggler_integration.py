@@ -19,8 +19,8 @@ from core.settings import CommonSettings, load
 from schemas.analytics import StragglerScore
 from schemas.topics import NCCL, SAMPLES, STRAGGLERS
 from streams.app import app_id
-from streams.straggler_windows import Batch
-from streams.stragglers import advance
+from streams.stragglers.windows import Batch
+from streams.stragglers.scoring import advance
 from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +99,8 @@ async def test_slow_rank_and_hot_gpu_flagged_alone_with_their_cause(kafka_bootst
         raise
     stop_worker(worker, log)
 
-    assert report.sent["fleet.telemetry.nccl"] == HOSTS * 8 * SECONDS
+    assert report.sent["fleet.telemetry.nccl"] == HOSTS * SECONDS  # one NcclStep per host and collective
+    assert report.nccl_timings == HOSTS * 8 * SECONDS
     assert [t.rank for t in report.truth] == [5, 26]
     assert sorted((s.rank, s.window_start, s.flagged) for s in scores) == want  # the pipeline = the pure core
     slow = [s for s in scores if s.rank == 5]

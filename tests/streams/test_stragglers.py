@@ -14,8 +14,8 @@ from agents.simulator.fleet import Job, build_fleet
 from agents.simulator.nccl import NcclModel
 from core.errors import DecodeError
 from schemas.topics import NCCL
-from streams.straggler_windows import Batch, JobState, Window
-from streams.stragglers import Config, advance, persist, robust_z, score
+from streams.stragglers.windows import Batch, JobState, Window
+from streams.stragglers.scoring import Config, advance, persist, robust_z, score
 
 T0 = 1_700_000_000.0  # 20 s past a 30 s window boundary
 CFG = Config()

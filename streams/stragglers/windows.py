@@ -26,15 +26,26 @@ class Batch:
     host: list[str]
 
     @classmethod
-    def of(cls, records: list[dict]) -> Batch:
-        """Columns of records of one job; records of an older world size than the newest record's are left out."""
-        world = records[-1]["world_size"]
-        rows = [r for r in records if r["world_size"] == world]
-        return cls(world, np.array([r["rank"] for r in rows], np.int64), np.array([r["seq"] for r in rows], np.int64),
-                   np.array([r["ts"] for r in rows], float), np.array([r["compute_us"] for r in rows], float),
-                   np.array([r["collective_us"] for r in rows], float),
-                   np.array([-1 if r.get("gpu_index") is None else r["gpu_index"] for r in rows], np.int64),
-                   [r["host"] for r in rows])
+    def of(cls, steps: list[dict]) -> Batch:
+        """Columns of one job's checked NcclStep records (a host's ranks around one collective each), rank by rank;
+        records of an older world size than the newest record's are left out."""
+        world = steps[-1]["world_size"]
+        rank, seq, ts, compute, wait, gpu, host = [], [], [], [], [], [], []
+        for step in steps:
+            if step["world_size"] != world:
+                continue
+            n, h = step["seq"], step["host"]
+            for r in step["ranks"]:
+                rank.append(r["rank"])
+                seq.append(n)
+                ts.append(r["ts"])
+                compute.append(r["compute_us"])
+                wait.append(r["collective_us"])
+                g = r.get("gpu_index")
+                gpu.append(-1 if g is None else g)
+                host.append(h)
+        return cls(world, np.array(rank, np.int64), np.array(seq, np.int64), np.array(ts, float),
+                   np.array(compute, float), np.array(wait, float), np.array(gpu, np.int64), host)
 
 
 @dataclass
@@ -88,8 +99,8 @@ class JobState:
     pending: dict[int, np.ndarray] = field(default_factory=dict)  # seq -> arrival ts per rank, NaN not yet
     folded_hi: int = -1
     scored: int = 0
-    epoch: str = ""
     checkpoint_wm: float = 0.0
+    partition: int | None = None  # of the job's records: where its changelog record (and tombstone) goes
 
     def __post_init__(self):
         n = self.world_size
@@ -174,8 +185,8 @@ class JobState:
         arrays = {k: _b64(getattr(self, k)) for k in ("host_of", "gpu_of", "last_ts", "hits", "seen", "flagged",
                                                        "since")}
         return {"v": 1, "job": self.job, "world_size": self.world_size, "hosts": self.hosts, **arrays, "wm": self.wm,
-                "closed": self.closed, "folded_hi": self.folded_hi, "scored": self.scored, "epoch": self.epoch,
-                "checkpoint_wm": self.checkpoint_wm,
+                "closed": self.closed, "folded_hi": self.folded_hi, "scored": self.scored,
+                "checkpoint_wm": self.checkpoint_wm, "p": self.partition,
                 "windows": {str(w): {**{k: _b64(_counts(getattr(a, k)) if k[0] == "n" else getattr(a, k))
                                         for k in SUMS}, "records": a.records,
                                      "with_compute": a.with_compute, "period": a.period}
@@ -192,8 +203,8 @@ class JobState:
                                   list(a["period"])) for w, a in raw["windows"].items()}
         return cls(raw["job"], raw["world_size"], list(raw["hosts"]), **arrays, wm=raw["wm"], closed=raw["closed"],
                    windows=windows, pending={int(s): _arr(v, float) for s, v in raw["pending"].items()},
-                   folded_hi=raw["folded_hi"], scored=raw["scored"], epoch=raw["epoch"],
-                   checkpoint_wm=raw["checkpoint_wm"])
+                   folded_hi=raw["folded_hi"], scored=raw["scored"], checkpoint_wm=raw["checkpoint_wm"],
+                   partition=raw.get("p"))
 
 
 def _b64(a: np.ndarray) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.analytics import StragglerScore
-from streams.straggler_windows import Batch, JobState, Window
+from streams.stragglers.windows import Batch, JobState, Window
 
 MAD_TO_SIGMA = 1.4826  # = 1 / 0.6745
 MEAN_AD_TO_SIGMA = 1.253314

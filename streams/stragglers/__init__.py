@@ -1,0 +1,1 @@
+"""The stragglers stage: NCCL timings scored per job (scoring, windows) and explained by GPU condition (cause)."""
