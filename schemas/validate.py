@@ -109,6 +109,7 @@ class Validator:
         self._defaults = [(name, functools.partial(info.get_default, call_default_factory=True))
                           for name, info in model.model_fields.items() if not info.is_required()]
         self._checks: tuple[LeanCheck, ...] = getattr(model, "lean_checks", ())
+        self._fields = len(model.model_fields)
 
     def decode(self, raw: bytes | None) -> dict:
         """Bytes -> the checked record as plain dicts; DecodeError names the first field at fault."""
@@ -135,9 +136,10 @@ class Validator:
             reason = check(value)
             if reason is not None:
                 raise DecodeError(f"invalid {self.model.__name__}: {reason}")
-        for name, default in self._defaults:
-            if name not in value:
-                value[name] = default()
+        if len(value) < self._fields:  # a record that carries every field (most do) has no default to fill
+            for name, default in self._defaults:
+                if name not in value:
+                    value[name] = default()
         return value
 
 

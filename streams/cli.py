@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -112,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     needed = list(workers(select(settings.stages)))
     mine = getattr(args, "worker", None) or needed[0]
     app = create_app(settings, worker=mine, workdir=getattr(args, "workdir", None))
+    if settings.streams_gc_young:  # most garbage here is acyclic and freed at once; cycles wait a little longer
+        gc.set_threshold(settings.streams_gc_young, 20, 100)
     loop = asyncio.new_event_loop()  # the worker's loop; asyncio.run() would leave none current for faust
     asyncio.set_event_loop(loop)
     started = time.monotonic()

@@ -33,6 +33,9 @@ class StreamsSettings(CommonSettings):
     streams_session_timeout_s: float = Field(default=15.0, ge=6, le=300, description="how soon the consumer group "
                                              "drops a worker that died without leaving, so its restart (or another "
                                              "worker) takes its partitions over; above any batch's processing time")
+    streams_gc_young: int = Field(default=50_000, ge=0, description="allocations between the cyclic garbage "
+                                  "collector's young collections (Python's 700 makes it walk the stages' state "
+                                  "thousands of times a second: 2-3x the CPU per sample); 0 keeps Python's")
     streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
     rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
     rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')

@@ -111,6 +111,13 @@ class HostHealth:
                 "stragglers": {str(i): v for i, v in self.stragglers.items()}, "repaired_at": self.repaired_at,
                 "emitted": self.emitted}
 
+    def copy(self) -> HostHealth:
+        """A copy a step may change. GPU rows and `emitted` entries are replaced, never changed in place, so the two
+        share them."""
+        return HostHealth(self.wm, self.rack, self.installed, list(self.present), dict(self.gpus), dict(self.since),
+                          [list(f) for f in self.faults], {i: list(v) for i, v in self.stragglers.items()},
+                          self.repaired_at, dict(self.emitted))
+
     @classmethod
     def from_json(cls, raw: Mapping | None) -> HostHealth:
         if not raw:

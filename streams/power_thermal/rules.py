@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -15,6 +16,7 @@ from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_C
 FIELDS = ("gpu_temp_c", "slowdown_temp_c", "shutdown_temp_c", "gpu_max_op_temp_c", "hbm_temp_c",
           "hbm_max_op_temp_c", "power_w", "power_limit_w")
 COL = {name: i for i, name in enumerate(FIELDS)}
+_reading = operator.itemgetter(*FIELDS)
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,10 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
             continue  # already applied (a replay after a restart) or out of order
         wm[s["host"]] = s["ts"]
         for g in s["gpus"]:
-            rows.append([g.get(f) for f in FIELDS])
+            try:
+                rows.append(_reading(g))
+            except KeyError:  # a reading that leaves optional fields out
+                rows.append([g.get(f) for f in FIELDS])
             row_sample.append(i)
             row_gpu.append(g)
         if s.get("rack", "") in config.rack_budgets_w:
