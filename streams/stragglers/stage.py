@@ -7,7 +7,7 @@ Two steps of one stage, pure and in event time:
   the rank's host. A job's state stays in memory between batches and reaches the changelog when a window closes or
   every `checkpoint_s` of event time: a crash costs at most that span of one window's timings (the same span of every
   rank, so the window is still scored fairly). A job whose newest timing is `job_ttl_s` older than the newest timing
-  of the batch is dropped (a tombstone on its changelog partition).
+  of a batch holding records of its partition is dropped (a tombstone on that changelog partition).
 - `attribute` (lane `telemetry`, host samples and stragglers-by_host, both keyed by host): keeps each host's compact
   GPU condition (streams/stragglers/cause.py) and adds the GPU's throttle reasons and temperatures to each score,
   published to fleet.stragglers keyed by job. A score whose host's newest sample is more than `fresh_s` before the
@@ -83,9 +83,12 @@ def score_step(records: Sequence[Record], state: State, cfg: StragglerStageConfi
             st.checkpoint_wm = st.wm
         state.put(JOBS, job, st.to_json() if checkpoint else st, durable=checkpoint)
         newest = max(newest, st.wm)
-    for job, raw in state.scan(JOBS).items():  # jobs that stopped: forgotten once the others moved on
+    # Jobs that stopped: forgotten once the others moved on. Only on partitions this batch came from, which this
+    # worker owns now: a key left in memory from a partition since reassigned must not tombstone its new owner's.
+    owned = {r.partition for r in records}
+    for job, raw in state.scan(JOBS).items():
         wm, partition = (raw.wm, raw.partition) if isinstance(raw, JobState) else (raw["wm"], raw.get("p"))
-        if newest - wm >= cfg.job_ttl_s and partition is not None:
+        if newest - wm >= cfg.job_ttl_s and partition in owned:
             state.delete(JOBS, job, partition=partition)
     return out
 
@@ -151,8 +154,10 @@ def attribute_step(records: Sequence[Record], state: State, cfg: StragglerStageC
             waiting = held_of(host)
             waiting["p"] = r.partition
             waiting["scores"].append(rec)
-    for host in state.scan(HELD):  # hosts whose samples stopped: published once the rest of the fleet moved on
-        release(host, clock - cfg.catch_up_s)
+    owned = {r.partition for r in records}  # as in score_step: never act on a key of a partition since reassigned
+    for host, stored in state.scan(HELD).items():  # hosts whose samples stopped: out once the rest moved on
+        if stored["p"] in owned:
+            release(host, clock - cfg.catch_up_s)
     state.memo["clock"] = clock
     for host, waiting in held.items():
         if waiting["scores"]:

@@ -144,20 +144,27 @@ async def test_a_score_waits_for_its_hosts_samples_to_reach_the_window(app, emit
     assert [m.value for m in changelog(app, "stragglers-held")] == [None]  # the tombstone
 
 
-async def test_a_job_that_stops_is_forgotten_once_the_others_move_on(app, emitter):
+async def test_a_job_that_stops_is_forgotten_once_its_partition_moves_on(app, emitter):
     wired = next(w for lane in app.fleetpulse.lanes for w in lane.stages if w.spec.name == "stragglers"
                  and w.step.lane == "nccl")
     wired.config = dataclasses.replace(wired.config, job_ttl_s=60.0)
     steps = sim_records(1, 40, seed=1, rank=0)
-    later = [{**s, "job": "job-0001", "ranks": [{**r, "ts": r["ts"] + 100.0} for r in s["ranks"]]} for s in steps]
+
+    def job(name: str, shift: float) -> list[dict]:
+        return [{**s, "job": name, "ranks": [{**r, "ts": r["ts"] + shift} for r in s["ranks"]]} for s in steps]
+
     table = app.tables["stragglers-jobs"]
     async with app.agents["lane.nccl"].test_context() as stage:
         for r in steps:
             await put_on(stage, NCCL_T, orjson.dumps(r), b"job-0000", 2)
         await until(lambda: "job-0000" in table.data)
-        for r in later:
-            await put_on(stage, NCCL_T, orjson.dumps(r), b"job-0001", 6)
+        for r in job("job-0002", 100.0):  # another partition's batches never touch partition 2's keys
+            await put_on(stage, NCCL_T, orjson.dumps(r), b"job-0002", 6)
+        await until(lambda: "job-0002" in table.data)
+        assert "job-0000" in table.data
+        for r in job("job-0001", 100.0):  # partition 2's own records, 100 s on: job-0000 has stopped
+            await put_on(stage, NCCL_T, orjson.dumps(r), b"job-0001", 2)
         await until(lambda: "job-0000" not in table.data)
     tombs = [m for m in changelog(app, "stragglers-jobs") if m.value is None]
     assert [(m.key, m.partition) for m in tombs] == [(b'"job-0000"', 2)]
-    assert "job-0001" in table.data
+    assert "job-0001" in table.data and "job-0002" in table.data
