@@ -15,6 +15,7 @@ from streams import registry
 from streams.emit import Emitter, TopicEmitter
 from streams.metrics import MetricsRegistry
 from streams.runtime.lane import Lane, Wired
+from streams.runtime.offsets import GapWatch, watch_offset_gaps
 from streams.runtime.spec import StageSpec
 from streams.settings import StreamsSettings, streams_settings
 
@@ -33,6 +34,7 @@ class StreamsRuntime:
     agents: dict[str, list]  # stage name -> the faust agents of its lanes
     worker: str = registry.WORKERS[0]
     lanes: list[Lane] = field(default_factory=list)
+    gaps: GapWatch | None = None  # re-reads a partition whose commits faust stopped (streams/runtime/offsets.py)
 
 
 def app_id(prefix: str = "") -> str:
@@ -139,6 +141,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
         for st in stages:
             runtime.agents.setdefault(st.spec.name, []).append(agent)
     app.fleetpulse = runtime
+    runtime.gaps = watch_offset_gaps(app)
 
     @app.on_rebalance_complete.connect
     async def _ready(sender, **kwargs) -> None:
