@@ -1,11 +1,12 @@
-"""A watchdog for faust 0.15.3's stalled commits: a partition whose first records after its committed offset were
-never acknowledged is read again from that offset.
+"""A watchdog for faust 0.15.3's stalled commits: a partition whose records after its committed offset were delivered
+but never acknowledged is read again from that offset.
 
-faust commits a partition only up to its first unacknowledged offset. When a worker joins a group that still holds a
-dead member (a restart right after a crash), the group rebalances twice; records fetched in between carry the older
-generation, the stream skips them unacknowledged, and they are not fetched again. Every later record of that partition
-is processed and acknowledged, but its commits stop for good: the lag grows without end and a restart replays from
-long ago. Seen at 2,048 hosts with `fleetpulse evaluate --kill-worker-at`, in the code before the runtime too.
+faust commits a partition only up to its first unacknowledged offset. Around a rebalance (a restart right after a
+crash: the group still holds the dead member, or the first fetch races the assignment), records fetched under the
+older generation are skipped by the stream unacknowledged and not fetched again. If later records of the partition
+arrive they are processed, but its commits stop for good (the lag grows without end, a restart replays from long
+ago); if none arrive, the skipped ones are simply never processed: a fault or a remediation result lost. Seen at
+2,048 hosts with `fleetpulse evaluate --kill-worker-at` (old code included) and in the lifecycle restart test.
 
 The stages drop what they already applied (each keeps per-key watermarks), so reading again from the committed offset
 repeats no output; the skipped records themselves are older than what the stages hold by then and are dropped as
@@ -22,16 +23,32 @@ from faust.types import TP
 log = logging.getLogger("fleetpulse.streams.runtime")
 
 
-def head_gap(acked: list[int] | None, committed: int | None) -> tuple[int, int] | None:
-    """(committed, first acknowledged) when records right after the committed offset were never acknowledged."""
-    if not acked or committed is None:
+def stall(acked: list[int] | None, committed: int | None, read: int | None, end: int | None) -> tuple[int, int] | None:
+    """(offset to read again from, the offset it is stuck before) when a partition's commits cannot move:
+
+    - a head gap: records right after the committed offset were never acknowledged, later ones were;
+    - skipped delivery: the partition holds records past its committed offset (`end`, its high watermark), faust
+      handed them to its streams (`read`, the last one handed out, is past the commit) and none was acknowledged, nor
+      will a later one show it (a partition without new records); or it never handed any out (`read` None).
+    A partition with nothing past its commit (`end` = committed) is not stuck, however faust's read offset reads."""
+    base = committed or 0
+    if acked:
+        first = min(acked)
+        return (base, first) if committed is not None and first - committed > 1 else None
+    if end is not None and end > base and (read is None or read >= base):
+        return (base, end)  # handed out and never acknowledged, or (two checks apart) never handed out at all
+    return None
+
+
+def _end(consumer, tp: TP) -> int | None:
+    try:
+        return consumer.highwater(tp)
+    except Exception:  # noqa: BLE001 - not known yet (no fetch since the assignment)
         return None
-    first = min(acked)
-    return (committed, first) if first - committed > 1 else None
 
 
 class GapWatch:
-    """Checked every `every_s` (a faust timer): a head gap unchanged over two checks is read again."""
+    """Checked every `every_s` (a faust timer): a stall unchanged over two checks is read again."""
 
     def __init__(self, app: faust.App):
         self.app = app
@@ -39,19 +56,20 @@ class GapWatch:
         self.mended = 0
 
     async def check(self) -> None:
-        consumer = self.app.consumer
-        gaps = {tp: gap for tp in list(consumer.assignment())
-                if (gap := head_gap(consumer._acked.get(tp), consumer._committed_offset.get(tp))) is not None}
-        for tp, gap in gaps.items():
-            if self.seen.get(tp) != gap:
-                continue  # new, or moving: give the records a check's time to arrive on their own
-            committed, first = gap
-            log.warning("%s[%d]: offsets %d..%d were never delivered and its commits stopped at %d; reading it again "
-                        "from there (faust 0.15.3 after a double rebalance)", tp.topic, tp.partition, committed,
-                        first - 1, committed)
-            await consumer.seek(tp, committed)
+        consumer, acking = self.app.consumer, self.app.topics.acks_enabled_for
+        stalls = {tp: st for tp in list(consumer.assignment()) if acking(tp.topic)  # streams' inputs, no changelog
+                  if (st := stall(consumer._acked.get(tp), consumer._committed_offset.get(tp),
+                                  consumer._read_offset.get(tp), _end(consumer, tp))) is not None}
+        for tp, st in stalls.items():
+            if self.seen.get(tp) != st:
+                continue  # new, or moving: give the records a check's time to be acknowledged on their own
+            since, before = st
+            log.warning("%s[%d]: offsets %d..%d were never acknowledged and its commits stopped at %d; reading it "
+                        "again from there (faust 0.15.3 after a rebalance)", tp.topic, tp.partition, since,
+                        before - 1, since)
+            await consumer.seek(tp, since)
             self.mended += 1
-        self.seen = {tp: gap for tp, gap in gaps.items() if self.seen.get(tp) != gap}
+        self.seen = {tp: st for tp, st in stalls.items() if self.seen.get(tp) != st}
 
 
 def watch_offset_gaps(app: faust.App, every_s: float = 15.0) -> GapWatch:
