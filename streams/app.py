@@ -157,7 +157,8 @@ def wired(app: faust.App, spec: StageSpec, s: StreamsSettings, metrics: MetricsR
     """A runtime stage's steps with its config built (a malformed one stops start-up here) and its tables registered."""
     tables = {t.name: app.Table(f"{spec.name}-{t.name}", partitions=t.partitions, help=t.help) for t in spec.tables}
     config, m, log = spec.config(s), metrics.stage(spec.name), registry.stage_logger(spec.name)
-    return [Wired(spec, step, config, tables, m, log) for step in spec.steps]
+    live = {t.name: t.live for t in spec.tables if t.live is not None}
+    return [Wired(spec, step, config, tables, m, log, live=live) for step in spec.steps]
 
 
 def stage_lag(app: faust.App) -> dict[str, int]:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from typing import Any
 
 import faust
 
 
-def put(table: faust.Table, partition: int, key: str, value: dict) -> Awaitable:
-    """Set a table key, writing its changelog record to `partition`: the partition of the source record.
+def put(table: faust.Table, partition: int, key: str, value: Any, stored: dict | None = None) -> Awaitable:
+    """Set a table key, writing its changelog record (`stored`, the value's JSON, when the value is an object) to
+    `partition`: the partition of the source record.
 
     Table.__setitem__ takes the partition from faust's *current* event, which inside a take() batch is the
     batch's last event, not the one that carried this key; the state would then recover on the wrong worker.
     """
     table.data[key] = value
-    return table.send_changelog(partition, key, value)  # done once the broker has the changelog record
+    return table.send_changelog(partition, key, value if stored is None else stored)  # done once the broker has it
 
 
 def delete(table: faust.Table, partition: int, key: str) -> Awaitable:

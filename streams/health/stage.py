@@ -68,11 +68,6 @@ def news(h: HostHealth, sc: Scores, cfg: HealthConfig) -> list[HealthScore]:
     return out
 
 
-def _host(stored: object) -> HostHealth:
-    """A host's state as this step may change it: a copy of the live state, or one decoded from its changelog."""
-    return stored.copy() if isinstance(stored, HostHealth) else HostHealth.from_json(stored)
-
-
 def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emit]:
     out: list[Emit] = []
     hosts: dict[str, HostHealth] = {}
@@ -93,7 +88,7 @@ def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emi
                 out.append(Emit(HEALTH_STRAGGLERS, rec["host"].encode(), orjson.dumps({k: rec.get(k) for k in FORWARDED})))
             continue
         host = rec["host"]
-        st = hosts.get(host) or _host(state.get(HOSTS, host))
+        st = hosts.get(host) or state.get(HOSTS, host) or HostHealth()
         hosts[host] = st
         if r.kind == "sample":
             samples.append((st, rec))
@@ -112,8 +107,8 @@ def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emi
         if picked:
             durable.add(host)
             rows += picked
-    for host, st in hosts.items():  # between durable writes the table holds the live state, not its JSON
-        state.put(HOSTS, host, st.to_json() if host in durable else st, durable=host in durable)
+    for host, st in hosts.items():
+        state.put(HOSTS, host, st, durable=host in durable)
     return [Emit(HEALTH, row.host.encode(), encode(row)) for row in rows] + out
 
 
@@ -125,6 +120,7 @@ STAGE = StageSpec(
                               Input(STRAGGLERS, "standing"), Input(HEALTH_STRAGGLERS, "straggler", check_straggler)),
                 step),),
     outputs=(HEALTH, HEALTH_STRAGGLERS),
-    tables=(Table(HOSTS, "per-host GPU EWMAs, counter baselines, gates, fault history, straggler flags, last rows"),),
+    tables=(Table(HOSTS, "per-host GPU EWMAs, counter baselines, gates, fault history, straggler flags, last rows",
+                  live=HostHealth),),
     config=health_config,
 )

@@ -34,6 +34,7 @@ class Wired:
     metrics: StageMetrics
     log: logging.LoggerAdapter
     memo: dict[str, Any] = field(default_factory=dict)  # the step's in-memory scratch (State.memo)
+    live: dict[str, type] = field(default_factory=dict)  # table -> the class its values live as (Table.live)
 
 
 @dataclass
@@ -166,11 +167,11 @@ def run_step(w: Wired, records: Sequence[Record]) -> tuple[list[Emit], StepState
     """The stage's step over the batch; if it raises, record by record, so only the records it chokes on are refused
     (their half-made state is dropped, the others' kept)."""
     partitions = {r.key: r.partition for r in records if r.key is not None}
-    state = StepState(w.tables, partitions, memo=w.memo)
+    state = StepState(w.tables, partitions, memo=w.memo, live=w.live)
     try:
         return w.step.run(records, state, w.config), state, []
     except Exception:  # noqa: BLE001 - a record the validator let through that the rules cannot take
-        state = StepState(w.tables, partitions, memo=w.memo)
+        state = StepState(w.tables, partitions, memo=w.memo, live=w.live)
         emits: list[Emit] = []
         failed: list[tuple[Record, str]] = []
         for rec in records:

@@ -29,6 +29,10 @@ class Table:
     name: str
     help: str
     partitions: int = 8
+    # The class of a table whose values live as objects (from_json(dict), to_json(), copy()): kept as objects in
+    # memory, their JSON on the changelog; get() hands the step a copy it may change, whether the value is the live
+    # object or one recovered from the changelog. None: plain JSON values.
+    live: type | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +63,18 @@ class State(Protocol):
     """Keyed state handed to a step: reads see the step's own writes; the runtime flushes them after the outputs.
 
     `memo` is this worker's scratch for the step, kept across batches in memory only (lost on a restart, not moved on
-    a rebalance): for pacing what the step sends, never for a decision.
+    a rebalance): for pacing what and when the step sends (a changelog write, a clock tick), never for what it
+    decides.
     """
 
     memo: dict[str, Any]
 
-    def get(self, table: str, key: str, default: Any = None) -> Any: ...
+    def get(self, table: str, key: str, default: Any = None) -> Any:
+        """The value of `key` (a copy the step may change, for a `live` table), or `default`."""
 
     def scan(self, table: str, prefix: str = "") -> dict[str, Any]:
-        """Every key of `table` starting with `prefix` (a small table's view of everything it holds)."""
+        """Every key of `table` starting with `prefix` (a small table's view of everything it holds; read-only: the
+        live objects themselves, not copies)."""
 
     def put(self, table: str, key: str, value: Any, *, durable: bool = True, partition: int | None = None) -> None:
         """Set `key`; durable writes reach the changelog (on the partition of the records keyed `key`), the others

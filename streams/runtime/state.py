@@ -17,8 +17,10 @@ class StepState:
     """The State a step gets. `child()` gives a trial view for one record, merged back only if its step succeeded."""
 
     def __init__(self, tables: Mapping[str, faust.Table], partitions: Mapping[str, int],
-                 parent: StepState | None = None, memo: dict[str, Any] | None = None):
+                 parent: StepState | None = None, memo: dict[str, Any] | None = None,
+                 live: Mapping[str, type] | None = None):
         self.tables, self.partitions, self.parent = tables, partitions, parent
+        self.live = live if live is not None else (parent.live if parent is not None else {})
         self.memo = memo if memo is not None else (parent.memo if parent is not None else {})
         self.writes: dict[tuple[str, str], tuple[Any, bool, int | None]] = {}
 
@@ -26,16 +28,22 @@ class StepState:
         hit = self.writes.get((table, key), _ABSENT)
         if hit is not _ABSENT:
             return default if hit[0] is _DELETED else hit[0]
-        if self.parent is not None:
-            return self.parent.get(table, key, default)
-        return self.tables[table].get(key, default)
+        found = self.parent.get(table, key, _ABSENT) if self.parent is not None else self.tables[table].get(key, _ABSENT)
+        if found is _ABSENT:
+            return default
+        cls = self.live.get(table)
+        if cls is None:
+            return found
+        return found.copy() if isinstance(found, cls) else cls.from_json(found)  # never the stored object itself
 
     def scan(self, table: str, prefix: str = "") -> dict[str, Any]:
         """Every key of `table` starting with `prefix` and its value, the step's own writes included."""
         if self.parent is not None:
             found = self.parent.scan(table, prefix)
         else:
-            found = {k: v for k, v in self.tables[table].items() if k.startswith(prefix)}
+            cls = self.live.get(table)
+            found = {k: v if cls is None or isinstance(v, cls) else cls.from_json(v)
+                     for k, v in self.tables[table].items() if k.startswith(prefix)}
         for (t, k), v in self.writes.items():
             if t == table and k.startswith(prefix):
                 if v[0] is _DELETED:
@@ -77,7 +85,8 @@ class StepState:
             if not durable:
                 t.data[key] = value
                 continue
-            sent.append(put(t, self._partition(t, key, partition), key, value))
+            cls = self.live.get(table)
+            sent.append(put(t, self._partition(t, key, partition), key, value, None if cls is None else value.to_json()))
         self.writes.clear()
         return sent
 

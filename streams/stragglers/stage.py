@@ -18,7 +18,6 @@ Two steps of one stage, pure and in event time:
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,13 +55,6 @@ def check_candidate(value: object) -> dict:
     return STRAGGLERS.check(value)
 
 
-def _job_state(raw: object) -> JobState | None:
-    """The job's state as the step may change it: a copy of the live object, or one decoded from the changelog."""
-    if isinstance(raw, JobState):
-        return copy.deepcopy(raw)
-    return JobState.from_json(raw) if raw else None
-
-
 def score_step(records: Sequence[Record], state: State, cfg: StragglerStageConfig) -> list[Emit]:
     by_job: dict[str, list[Record]] = {}
     for r in records:
@@ -70,7 +62,7 @@ def score_step(records: Sequence[Record], state: State, cfg: StragglerStageConfi
     out: list[Emit] = []
     newest = 0.0
     for job, recs in by_job.items():
-        prior = _job_state(state.get(JOBS, job))
+        prior = state.get(JOBS, job)
         closed = None if prior is None else prior.closed
         st, scores, (dups, late) = advance(prior, job, Batch.of([r.value for r in recs]), cfg.scoring)
         if dups or late:
@@ -81,15 +73,14 @@ def score_step(records: Sequence[Record], state: State, cfg: StragglerStageConfi
         checkpoint = st.closed != closed or st.wm - st.checkpoint_wm >= cfg.checkpoint_s
         if checkpoint:
             st.checkpoint_wm = st.wm
-        state.put(JOBS, job, st.to_json() if checkpoint else st, durable=checkpoint)
+        state.put(JOBS, job, st, durable=checkpoint)
         newest = max(newest, st.wm)
     # Jobs that stopped: forgotten once the others moved on. Only on partitions this batch came from, which this
     # worker owns now: a key left in memory from a partition since reassigned must not tombstone its new owner's.
     owned = {r.partition for r in records}
-    for job, raw in state.scan(JOBS).items():
-        wm, partition = (raw.wm, raw.partition) if isinstance(raw, JobState) else (raw["wm"], raw.get("p"))
-        if newest - wm >= cfg.job_ttl_s and partition in owned:
-            state.delete(JOBS, job, partition=partition)
+    for job, st in state.scan(JOBS).items():
+        if newest - st.wm >= cfg.job_ttl_s and st.partition in owned:
+            state.delete(JOBS, job, partition=st.partition)
     return out
 
 
@@ -174,7 +165,7 @@ STAGE = StageSpec(
            Step("telemetry", (Input(SAMPLES, "sample"), Input(STRAGGLERS_BY_HOST, "score", check_candidate)),
                 attribute_step)),
     outputs=(STRAGGLERS, STRAGGLERS_BY_HOST),
-    tables=(Table(JOBS, "per-job window sums and K-of-N history", partitions=NCCL.partitions),
+    tables=(Table(JOBS, "per-job window sums and K-of-N history", partitions=NCCL.partitions, live=JobState),
             Table(GPUS, "per-host compact GPU condition", partitions=SAMPLES.partitions),
             Table(HELD, "scores waiting for their host's samples to pass the window end", partitions=SAMPLES.partitions)),
     config=stage_config,

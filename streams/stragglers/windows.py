@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import math
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -180,6 +181,9 @@ class JobState:
     def due(self, window_s: float, grace_s: float) -> list[int]:
         """Open windows whose end plus grace the job's newest timing has passed, oldest first."""
         return [w for w in sorted(self.windows) if (w + 1) * window_s + grace_s <= self.wm]
+
+    def copy(self) -> JobState:
+        return deepcopy(self)
 
     def to_json(self) -> dict:
         arrays = {k: _b64(getattr(self, k)) for k in ("host_of", "gpu_of", "last_ts", "hits", "seen", "flagged",

@@ -15,6 +15,7 @@ from schemas.topics import FAULTS, HEALTH_STRAGGLERS, SAMPLES, STRAGGLERS
 from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.health.rules import HostHealth
+from streams.runtime.state import StepState
 from streams.settings import StreamsSettings
 from tests.streams.helpers import gpu, put_on, sample, until
 
@@ -105,3 +106,20 @@ async def test_stragglers_are_rekeyed_by_host_only_when_flagged_or_recently_flag
     forwarded = [s for s in emitter.sent if s.topic.endswith("health-stragglers_by_host")]
     assert [(s.key, orjson.loads(s.value)["flagged"]) for s in forwarded] == [(b"h1", True), (b"h3", False)]
     assert emitter.to(PREFIX + "fleet.stragglers.dlq") == []  # a registry topic: the sink dead-letters it
+
+
+def test_a_live_table_hands_each_step_a_copy_and_keeps_the_stored_state_whole():
+    """Between durable writes the health table holds HostHealth objects; a step (or a trial of one record, after its
+    batch raised) gets a copy, so a step that raises leaves nothing half-changed behind. A value recovered from the
+    changelog (JSON) is decoded the same way; scan shows the stored objects themselves."""
+    stored = HostHealth(wm=5.0, rack="r1", installed=1, present=[0], faults=[["f1", 1.0, 1.0, 0, "xid:79", "reboot", 1]])
+    state = StepState({"hosts": {"h1": stored, "h2": stored.to_json()}}, {"h1": 3}, live={"hosts": HostHealth})
+    mine = state.get("hosts", "h1")
+    assert mine is not stored and mine == stored
+    mine.wm, mine.faults[0][2] = 9.0, 2.0
+    trial = state.child().get("hosts", "h1")
+    assert trial is not stored and (stored.wm, stored.faults[0][2]) == (5.0, 1.0)
+    assert state.get("hosts", "h2") == stored and state.get("hosts", "h3") is None
+    assert state.scan("hosts")["h1"] is stored and state.scan("hosts")["h2"] == stored
+    state.put("hosts", "h1", mine)
+    assert state.get("hosts", "h1") is mine  # the step's own write of this batch
