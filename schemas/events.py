@@ -130,9 +130,7 @@ class NcclStep(BaseModel):
 
 def step_of(timing: Mapping[str, Any]) -> dict:
     """A checked NcclTiming (the older one-record-per-rank form, still accepted on the topic) as an NcclStep."""
-    return {**{k: timing[k] for k in STEP_KEY},
-            "ranks": [{"rank": timing["rank"], "gpu_index": timing.get("gpu_index"), "ts": timing["ts"],
-                       "compute_us": timing["compute_us"], "collective_us": timing["collective_us"]}]}
+    return group_timings([timing])[0]
 
 
 def group_timings(timings: list[Mapping[str, Any] | NcclTiming]) -> list[dict]:

@@ -134,7 +134,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asyncio.AbstractEventLoop,
                 started: float | None, children: list[subprocess.Popen]) -> int:
-
     lost: list[subprocess.Popen] = []
 
     @app.timer(1.0)

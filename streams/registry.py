@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 from core.errors import ConfigError
 from streams.lifecycle import stage as lifecycle
 from streams.health import stage as health

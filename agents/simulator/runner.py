@@ -186,7 +186,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
             await pub.send_many(TRUTH, tick.truth)
             await pub.send_many(XID, tick.xid)
             await pub.send_many(SAMPLES, tick.samples)
-            await pub.send_many(NCCL, [t for n in tick.nccl for t in timings_of(n)] if per_rank_nccl else tick.nccl)
+            await pub.send_many(NCCL, tick.timings if per_rank_nccl else tick.nccl)
             truth.extend(tick.truth)
             gpu_readings += sum(len(s["gpus"]) for s in tick.samples)
             nccl_timings += sum(len(n["ranks"]) for n in tick.nccl)

@@ -10,7 +10,7 @@ ago); if none arrive, the skipped ones are simply never processed: a fault or a 
 
 The stages drop what they already applied (each keeps per-key watermarks), so reading again from the committed offset
 repeats no output; the skipped records themselves are older than what the stages hold by then and are dropped as
-stale. Reaches into faust's consumer (`_acked`, `_committed_offset`): faust is pinned (pyproject.toml).
+stale. Reaches into faust's consumer (`_acked`, `_committed_offset`, `_read_offset`): faust is pinned (pyproject.toml).
 """
 
 from __future__ import annotations
