@@ -14,6 +14,7 @@ from core.settings import CommonSettings
 from streams import registry
 from streams.emit import Emitter, TopicEmitter
 from streams.metrics import MetricsRegistry
+from streams.runtime import delivery
 from streams.runtime.lane import Lane, Wired
 from streams.runtime.offsets import GapWatch, watch_offset_gaps
 from streams.runtime.spec import StageSpec
@@ -103,6 +104,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     datadir = Path(workdir or s.data_dir / "streams")
     datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
     namespace = app_id(s.topic_prefix)
+    delivery.install(s.streams_direct_delivery)
     app = faust.App(
         group_id(s.topic_prefix, worker),
         Table=_namespaced_table(namespace),

@@ -24,19 +24,15 @@ class Emitter(Protocol):
 
 
 class TopicEmitter:
-    """The production emitter: faust topics with raw serializers, sharing the app's producer."""
+    """The production emitter: the app's producer, given the stages' bytes as they are (no faust topic, serializer or
+    sensor on the way); the producer partitions by key, as faust's own sends do."""
 
     def __init__(self, app: faust.App):
         self.app = app
-        self._topics: dict[str, faust.TopicT] = {}
-
-    def topic(self, name: str) -> faust.TopicT:
-        if name not in self._topics:
-            self._topics[name] = self.app.topic(name, key_serializer="raw", value_serializer="raw")
-        return self._topics[name]
 
     async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
-        return await self.topic(topic).send(key=key, value=value, headers=headers)
+        producer = await self.app.maybe_start_producer()
+        return await producer.send(topic, key, value, None, None, headers)
 
     async def settle(self, changelog: list[Awaitable]) -> None:
         await asyncio.gather(*changelog)
