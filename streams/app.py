@@ -160,7 +160,8 @@ def wired(app: faust.App, spec: StageSpec, s: StreamsSettings, metrics: MetricsR
     tables = {t.name: app.Table(f"{spec.name}-{t.name}", partitions=t.partitions, help=t.help) for t in spec.tables}
     config, m, log = spec.config(s), metrics.stage(spec.name), registry.stage_logger(spec.name)
     live = {t.name: t.live for t in spec.tables if t.live is not None}
-    return [Wired(spec, step, config, tables, m, log, live=live) for step in spec.steps]
+    durable: dict[tuple[str, str], bytes] = {}  # shared by the steps, as the tables are
+    return [Wired(spec, step, config, tables, m, log, live=live, durable=durable) for step in spec.steps]
 
 
 def stage_lag(app: faust.App) -> dict[str, int]:

@@ -18,10 +18,10 @@ log = logging.getLogger("fleetpulse.streams.fault_bins")
 
 def step(records: Sequence[Record], state: State, cfg: FaultBinConfig) -> list[Emit]:
     """One host's XIDs and samples meet its state (GPU counter memory, fault history, open dedup windows)."""
-    prior = {h: HostState.from_json(state.get(HOSTS, h)) for h in {r.value["host"] for r in records}}
+    prior = {h: state.get(HOSTS, h) or HostState() for h in {r.value["host"] for r in records}}
     result = evaluate([(r.kind, r.value) for r in records], prior, cfg, owned=True)
-    for host, st in result.state.items():
-        state.put(HOSTS, host, st.to_json())
+    for host, st in prior.items():  # all kept in memory; to the changelog when a rule-read value changed
+        state.put(HOSTS, host, st, durable=host in result.state)
     if result.stats["replayed"]:  # after a restart: records the state had already applied
         log.info("[fault_bins] skipped %d replayed records", result.stats["replayed"])
     return [Emit(FAULTS, f.host.encode(), encode(f), f"fault {f.evidence.get('emission')} {f.host} gpu={f.gpu_index} "
@@ -34,6 +34,7 @@ STAGE = StageSpec(
     steps=(Step("telemetry", (Input(XID, "xid"), Input(SAMPLES, "sample")), step,
                 batch_within_s=lambda cfg: cfg.batch_within_s),),
     outputs=(FAULTS,),
-    tables=(Table(HOSTS, "per-host GPU counter memory, fault history and open dedup windows (keyed by host)"),),
+    tables=(Table(HOSTS, "per-host GPU counter memory, fault history and open dedup windows (keyed by host)",
+                  live=HostState),),
     config=fault_config,
 )

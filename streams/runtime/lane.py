@@ -35,6 +35,7 @@ class Wired:
     log: logging.LoggerAdapter
     memo: dict[str, Any] = field(default_factory=dict)  # the step's in-memory scratch (State.memo)
     live: dict[str, type] = field(default_factory=dict)  # table -> the class its values live as (Table.live)
+    durable: dict[tuple[str, str], bytes] = field(default_factory=dict)  # a live key's last changelog JSON
 
 
 @dataclass
@@ -164,14 +165,16 @@ class Lane:
 
 
 def run_step(w: Wired, records: Sequence[Record]) -> tuple[list[Emit], StepState, list[tuple[Record, str]]]:
-    """The stage's step over the batch; if it raises, record by record, so only the records it chokes on are refused
-    (their half-made state is dropped, the others' kept)."""
+    """The stage's step over the batch (lent its live objects); if it raises, the lent objects roll back to their
+    last durable values and the batch runs again record by record on copies, so only the records it chokes on are
+    refused (their half-made state is dropped, the others' kept)."""
     partitions = {r.key: r.partition for r in records if r.key is not None}
-    state = StepState(w.tables, partitions, memo=w.memo, live=w.live)
+    state = StepState(w.tables, partitions, memo=w.memo, live=w.live, durable=w.durable, lend=True)
     try:
         return w.step.run(records, state, w.config), state, []
     except Exception:  # noqa: BLE001 - a record the validator let through that the rules cannot take
-        state = StepState(w.tables, partitions, memo=w.memo, live=w.live)
+        state.roll_back()
+        state = StepState(w.tables, partitions, memo=w.memo, live=w.live, durable=w.durable)
         emits: list[Emit] = []
         failed: list[tuple[Record, str]] = []
         for rec in records:

@@ -30,8 +30,9 @@ class Table:
     help: str
     partitions: int = 8
     # The class of a table whose values live as objects (from_json(dict), to_json(), copy()): kept as objects in
-    # memory, their JSON on the changelog; get() hands the step a copy it may change, whether the value is the live
-    # object or one recovered from the changelog. None: plain JSON values.
+    # memory, their JSON on the changelog. get() lends the step the stored object itself, which it may change and
+    # put(); if the step raises, what it borrowed goes back to its last durable value (streams/runtime/state.py).
+    # None: plain JSON values.
     live: type | None = None
 
 
@@ -70,7 +71,7 @@ class State(Protocol):
     memo: dict[str, Any]
 
     def get(self, table: str, key: str, default: Any = None) -> Any:
-        """The value of `key` (a copy the step may change, for a `live` table), or `default`."""
+        """The value of `key` (for a `live` table an object the step may change, and put() to keep), or `default`."""
 
     def scan(self, table: str, prefix: str = "") -> dict[str, Any]:
         """Every key of `table` starting with `prefix` (a small table's view of everything it holds; read-only: the

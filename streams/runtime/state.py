@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import faust
+import orjson
 
 from streams.state import delete, put
 
@@ -14,14 +15,24 @@ _DELETED = object()  # a write that removes the key (a tombstone on the changelo
 
 
 class StepState:
-    """The State a step gets. `child()` gives a trial view for one record, merged back only if its step succeeded."""
+    """The State a step gets. `child()` gives a trial view for one record, merged back only if its step succeeded.
+
+    A `live` table's objects are lent to the step when `lend` is set (the runtime's first try at a batch): the step
+    changes the stored object itself, no copy made; should the step raise, `roll_back()` puts every lent key back to
+    its last durable value (`durable`: the JSON last sent to its changelog, kept by flush), as a restart would, and
+    the runtime retries record by record on copies. Without `lend`, get() hands out copies.
+    """
 
     def __init__(self, tables: Mapping[str, faust.Table], partitions: Mapping[str, int],
                  parent: StepState | None = None, memo: dict[str, Any] | None = None,
-                 live: Mapping[str, type] | None = None):
+                 live: Mapping[str, type] | None = None, durable: dict[tuple[str, str], bytes] | None = None,
+                 lend: bool = False):
         self.tables, self.partitions, self.parent = tables, partitions, parent
         self.live = live if live is not None else (parent.live if parent is not None else {})
         self.memo = memo if memo is not None else (parent.memo if parent is not None else {})
+        self.durable = durable if durable is not None else (parent.durable if parent is not None else {})
+        self.lend = lend and parent is None
+        self.lent: set[tuple[str, str]] = set()
         self.writes: dict[tuple[str, str], tuple[Any, bool, int | None]] = {}
 
     def get(self, table: str, key: str, default: Any = None) -> Any:
@@ -34,7 +45,25 @@ class StepState:
         cls = self.live.get(table)
         if cls is None:
             return found
-        return found.copy() if isinstance(found, cls) else cls.from_json(found)  # never the stored object itself
+        if not isinstance(found, cls):  # as recovered from the changelog: its last durable value
+            if (table, key) not in self.durable:
+                self.durable[table, key] = orjson.dumps(found)
+            return cls.from_json(found)
+        if self.lend:
+            self.lent.add((table, key))
+            return found
+        return found.copy()
+
+    def roll_back(self) -> None:
+        """After a step that raised: drop its writes, and put each lent object back to its last durable value."""
+        self.writes.clear()
+        for table, key in self.lent:
+            data = self.tables[table].data
+            if (table, key) in self.durable:
+                data[key] = orjson.loads(self.durable[table, key])
+            else:
+                data.pop(key, None)  # never durable: as lost as after a restart
+        self.lent.clear()
 
     def scan(self, table: str, prefix: str = "") -> dict[str, Any]:
         """Every key of `table` starting with `prefix` and its value, the step's own writes included."""
@@ -80,13 +109,18 @@ class StepState:
         for (table, key), (value, durable, partition) in self.writes.items():
             t = self.tables[table]
             if value is _DELETED:
+                self.durable.pop((table, key), None)
                 sent.append(delete(t, self._partition(t, key, partition), key))
                 continue
             if not durable:
                 t.data[key] = value
                 continue
-            cls = self.live.get(table)
-            sent.append(put(t, self._partition(t, key, partition), key, value, None if cls is None else value.to_json()))
+            stored = None
+            if self.live.get(table) is not None:
+                stored = value.to_json()
+                # as bytes: to_json may share lists with the object, which later batches change in place
+                self.durable[table, key] = orjson.dumps(stored)
+            sent.append(put(t, self._partition(t, key, partition), key, value, stored))
         self.writes.clear()
         return sent
 

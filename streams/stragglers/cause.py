@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 
 from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 
@@ -29,18 +30,29 @@ class CauseConfig:
     temp_step_c: float = 2.0
 
 
+_READ = itemgetter(*FIELDS)
+_NEVER = (None,) * len(CAUSES)
+
+
 def update(prior: dict | None, sample: dict) -> dict | None:
     """The host's condition after a checked sample, or None when the sample is not newer than the one held."""
-    if prior is not None and sample["ts"] <= prior["ts"]:
+    ts = sample["ts"]
+    if prior is not None and ts <= prior["ts"]:
         return None
     old = prior["gpus"] if prior else {}
     gpus = {}
     for g in sample["gpus"]:
-        row = [g.get(f) for f in FIELDS]
-        seen = old.get(str(g["index"]), [None] * (LAST + len(CAUSES)))[LAST:]
-        bits = row[0] or 0
-        gpus[str(g["index"])] = row + [sample["ts"] if bits & bit else seen[i] for i, (bit, _) in enumerate(CAUSES)]
-    return {"ts": sample["ts"], "gpus": gpus}
+        try:
+            row = list(_READ(g))
+        except KeyError:  # a reading that leaves optional fields out
+            row = [g.get(f) for f in FIELDS]
+        key = str(g["index"])
+        was = old.get(key)
+        seen = was[LAST:] if was is not None else _NEVER
+        bits = (row[0] or 0) & MASK
+        row += [ts if bits & bit else seen[i] for i, (bit, _) in enumerate(CAUSES)] if bits else seen
+        gpus[key] = row
+    return {"ts": ts, "gpus": gpus}
 
 
 def material(written: dict | None, new: dict, cfg: CauseConfig) -> bool:

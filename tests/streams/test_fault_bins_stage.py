@@ -15,6 +15,7 @@ from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.fault_bins import stage as fault_bins
 from streams.fault_bins.config import FaultBinConfig
+from streams.fault_bins.host_state import HostState
 from streams.runtime.lane import Wired, run_step
 from streams.runtime.spec import Record
 from streams.settings import StreamsSettings
@@ -69,9 +70,9 @@ async def test_stage_bins_both_topics_refuses_bad_records_and_keeps_state_on_the
     assert any(f"{XID_TOPIC}[6]@0" in m and "not JSON" in m for m in refusals)
     assert any(f"{SAMPLES_TOPIC}[6]@1" in m and "at `$.gpus`" in m for m in refusals)
 
-    table = app.tables["fault_bins-hosts"]
-    assert table["h2"]["open"] and [w[12] for w in table["h2"]["open"].values()] == [50]  # folded, not lost
-    assert table["h1"]["gpus"]["2"]["lo"] is True
+    table = app.tables["fault_bins-hosts"]  # a live table: HostState objects in memory, their JSON on the changelog
+    assert [w.count for w in table["h2"].open.values()] == [50]  # folded, not lost
+    assert table["h1"].gpus["2"].lost is True
     changelog = [m for m in drain_changelog(app) if m.channel.get_topic_name().endswith("fault_bins-hosts-changelog")]
     assert changelog and {(orjson.loads(m.key), m.partition) for m in changelog} == {("h1", 3), ("h2", 5)}
 
@@ -82,7 +83,54 @@ def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
     recs = [Record(kind, value, value["host"], XID_TOPIC, 3, i, 0)
             for i, (kind, value) in enumerate([good[0], ("xid", bad), good[1]])]
     emits, state, failed = run_step(Wired(fault_bins.STAGE, fault_bins.STAGE.steps[0], FaultBinConfig(), {"hosts": {}},
-                                             None, None), recs)
+                                          None, None, live={"hosts": HostState}), recs)
     assert [(r.offset, reason.split(":")[0]) for r, reason in failed] == [(1, "fault_bins rules failed")]
     assert [FaultEvent.model_validate_json(e.value).code for e in emits] == ["xid:79", "xid:13"]
     assert {key for _, key in state.writes} == {"h1"}
+
+
+class Memory(dict):
+    """A table's in-memory store as the runtime reaches it (faust's Table.data)."""
+
+    @property
+    def data(self) -> dict:
+        return self
+
+
+def test_a_batch_that_raises_rolls_its_lent_state_back_to_the_last_durable_value():
+    """The first try at a batch changes the stored HostState itself (lent, no copy); when the rules raise, the host
+    goes back to what its changelog holds, as after a restart, and the record-by-record retry starts from there."""
+    stored = HostState(rack="r1", clock=TS0 - 60)
+    durable = {("hosts", "h1"): orjson.dumps(stored.to_json())}  # what its changelog holds
+    stored.clock = TS0 - 30  # a change since, kept in memory only
+    tables = {"hosts": Memory(h1=stored)}
+    w = Wired(fault_bins.STAGE, fault_bins.STAGE.steps[0], FaultBinConfig(), tables, None, None,
+              live={"hosts": HostState}, durable=durable)
+    bad = {"host": "h2", "ts": "soon", "code": 79}
+    recs = [Record(kind, value, value["host"], XID_TOPIC, 3, i, 0)
+            for i, (kind, value) in enumerate([xid(LINE_79, TS0), ("xid", bad)])]
+    emits, state, failed = run_step(w, recs)
+    assert [r.offset for r, _ in failed] == [1] and len(emits) == 1
+    assert tables["hosts"]["h1"] == orjson.loads(durable["hosts", "h1"])  # rolled back: the lent object's changes gone
+    retried = state.get("hosts", "h1")
+    assert retried is not stored and retried.clock == TS0 and retried.xwm == TS0  # from the durable value, + the XID
+
+
+def test_readings_between_durable_writes_are_kept_in_memory_for_the_next_batch():
+    """Samples that change nothing a rule reads are not written to the changelog, yet the next batch sees them: a
+    DBE after five quiet one-sample batches says it is new since the reading just before it (once the state was
+    re-read from its last durable write every batch, and the evidence named a reading 5 s old)."""
+    tables = {"hosts": Memory()}
+    w = Wired(fault_bins.STAGE, fault_bins.STAGE.steps[0], FaultBinConfig(), tables, None, None,
+              live={"hosts": HostState})
+    faults, durable = [], []
+    for k in range(7):
+        _, s = host_sample(TS0 + k, seq=k, **({"gpu4": {"ecc_dbe_volatile": 1, "ecc_dbe_aggregate": 1}} if k == 6 else {}))
+        emits, state, failed = run_step(w, [Record("sample", s, "h1", SAMPLES_TOPIC, 3, k, 0)])
+        assert not failed
+        durable += [k for (_, key), (_, is_durable, _) in state.writes.items() if is_durable]
+        for (table, key), (value, _, _) in state.writes.items():  # what flush keeps in memory
+            tables[table][key] = value
+        faults += [FaultEvent.model_validate_json(e.value) for e in emits]
+    assert durable == [0, 6]  # first seen, then the DBE: the quiet readings stayed in memory
+    assert [(f.code, f.gpu_index, f.evidence["since"]) for f in faults] == [("ecc_dbe", 4, f"{TS0 + 5:.3f}")]

@@ -108,10 +108,11 @@ async def test_stragglers_are_rekeyed_by_host_only_when_flagged_or_recently_flag
     assert emitter.to(PREFIX + "fleet.stragglers.dlq") == []  # a registry topic: the sink dead-letters it
 
 
-def test_a_live_table_hands_each_step_a_copy_and_keeps_the_stored_state_whole():
-    """Between durable writes the health table holds HostHealth objects; a step (or a trial of one record, after its
-    batch raised) gets a copy, so a step that raises leaves nothing half-changed behind. A value recovered from the
-    changelog (JSON) is decoded the same way; scan shows the stored objects themselves."""
+def test_a_live_table_hands_a_retried_step_a_copy_and_keeps_the_stored_state_whole():
+    """Between durable writes the health table holds HostHealth objects. A batch's first try borrows them (tested in
+    test_fault_bins_stage); its retry record by record, after it raised, gets copies (StepState without `lend`), so a
+    record that raises leaves nothing half-changed behind. A value recovered from the changelog (JSON) is decoded the
+    same way; scan shows the stored objects themselves."""
     stored = HostHealth(wm=5.0, rack="r1", installed=1, present=[0], faults=[["f1", 1.0, 1.0, 0, "xid:79", "reboot", 1]])
     state = StepState({"hosts": {"h1": stored, "h2": stored.to_json()}}, {"h1": 3}, live={"hosts": HostHealth})
     mine = state.get("hosts", "h1")
