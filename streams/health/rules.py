@@ -273,23 +273,28 @@ def _straggler(h: HostHealth, gpu: int, now: float, cfg: HealthConfig) -> float:
     return rec[1] if rec is not None and now - rec[0] <= cfg.straggler_ttl_s else 0.0
 
 
+_DBE_AT, _ACTION = C["dbe_at"], C["action"]
+_FLAGS = tuple((C[col], name) for col, name in (("pending", "row_remap_pending"), ("failure", "row_remap_failure"),
+                                                ("pages", "retired_pages_pending")))
+
+
 def gates(h: HostHealth, now: float, cfg: HealthConfig) -> dict[str, float]:
     """Hard gates that fire now ('gpu3/ecc_dbe', 'fault_bin:reboot'), each with its onset; updates h.since."""
     out: dict[str, float] = {}
     present = set(h.present)
     for i in range(h.installed):
-        pre, row = f"gpu{i}/", h.gpus.get(i) or _nan_row()
+        pre, row = f"gpu{i}/", h.gpus.get(i) or _NAN_ROW
         if i not in present:
             out[pre + "gpu_lost"] = now
             continue
-        if row[C["dbe_at"]] > h.repaired_at and now - row[C["dbe_at"]] <= cfg.fault_gate_max_s:
-            out[pre + "ecc_dbe"] = row[C["dbe_at"]]
-        for col, name in (("pending", "row_remap_pending"), ("failure", "row_remap_failure"),
-                          ("pages", "retired_pages_pending")):
-            if row[C[col]] == 1:
+        dbe_at = row[_DBE_AT]
+        if dbe_at > h.repaired_at and now - dbe_at <= cfg.fault_gate_max_s:
+            out[pre + "ecc_dbe"] = dbe_at
+        for col, name in _FLAGS:
+            if row[col] == 1:
                 out[pre + name] = now
-        if row[C["action"]] > 0:
-            out[pre + f"recovery_action:{RECOVERY.get(int(row[C['action']]), int(row[C['action']]))}"] = now
+        if row[_ACTION] > 0:
+            out[pre + f"recovery_action:{RECOVERY.get(int(row[_ACTION]), int(row[_ACTION]))}"] = now
     for _, first, last, g, _, bin_, _ in h.faults:
         if bin_ in GATING_BINS and last > h.repaired_at and now - last <= cfg.fault_gate_max_s:
             key = (f"gpu{g}/" if g >= 0 else "") + f"fault_bin:{bin_}"
@@ -329,15 +334,14 @@ class Scores:
 
     def penalties(self, i: int, prefix: str = "") -> list[Penalty]:
         row = self.state[i].tolist()
-        return [Penalty(name=prefix + n, value=round(float(_z(self.values[i, j])), 3),
-                        points=round(float(self.points[i, j]), 2), reason=_reason(n, float(self.values[i, j]), row))
-                for j, n in enumerate(NAMES) if self.points[i, j] > 0]
+        return [Penalty(name=prefix + n, value=round(v if v == v else 0.0, 3), points=round(p, 2),
+                        reason=_reason(n, v, row))
+                for n, v, p in zip(NAMES, self.values[i].tolist(), self.points[i].tolist()) if p > 0]
 
     def gpu(self, i: int) -> HealthScore:
-        v = self.values[i]
         return HealthScore(ts=self.ts, host=self.host, rack=self.rack, gpu_index=i, score=float(self.gpu_score[i]),
                            schedulable=not self.gpu_gates[i], gates=self.gpu_gates[i], penalties=self.penalties(i),
-                           inputs={n: round(float(v[j]), 3) for j, n in enumerate(NAMES) if np.isfinite(v[j])})
+                           inputs={n: round(v, 3) for n, v in zip(NAMES, self.values[i].tolist()) if math.isfinite(v)})
 
     def node(self) -> HealthScore:
         worst = int(self.inputs["worst_gpu"])
