@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 from schemas.analytics import FaultBin
 from streams.fault_bins.config import FaultBinConfig
@@ -14,6 +15,7 @@ FIELDS = ("ecc_dbe_volatile", "ecc_dbe_aggregate", "pcie_replay_count", "nvlink_
 DBE_V, DBE_A, PCIE, CRC, RECOVERY, PENDING, FAILURE, ENERGY, SBE_V = range(len(FIELDS))
 SINCE_LOAD = (ENERGY, SBE_V, DBE_V)  # counters that only a reboot, reset or driver reload sets back
 ERRORS = slice(DBE_V, ENERGY)  # fields whose change may be a fault; energy and SBE change on every healthy sample
+_READ = itemgetter(*FIELDS)
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,12 @@ def _flags(key: str, g: dict, was_pending, was_failed, cur: list, where: str) ->
     return out
 
 
-def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig) -> list[Finding]:
+def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
+                 rules: tuple[RateRule, ...] | None = None) -> list[Finding]:
     """One host sample against the host's memory; updates it in place (setting st.dirty when a rule-read value
-    changed) and returns what the rules found."""
-    ts, out, present, rules = s["ts"], [], set(), rate_rules(config)
+    changed) and returns what the rules found. `rules`: rate_rules(config), built once per batch by the caller."""
+    ts, out, present = s["ts"], [], set()
+    rules = rate_rules(config) if rules is None else rules
     driver, driver_changed = s.get("driver_version"), None
     if driver is not None and st.driver is not None and driver != st.driver:
         driver_changed = f"driver version changed from {st.driver} to {driver}"
@@ -123,7 +127,10 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig) -> l
     for g in s["gpus"]:
         key = str(g["index"])
         present.add(key)
-        cur = [g.get(f) for f in FIELDS]
+        try:
+            cur = list(_READ(g))
+        except KeyError:  # a reading that leaves optional fields out
+            cur = [g.get(f) for f in FIELDS]
         memo, uuid = st.memo(key), g.get("uuid")
         if memo.uuid and uuid and memo.uuid != uuid:  # another card in this slot: its history is not this one's
             memo = st.gpus[key] = GpuMemo()

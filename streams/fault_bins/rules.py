@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from schemas.analytics import FaultBin, FaultEvent
 from schemas.topics import SAMPLES, XID
 from schemas.xid_catalog import RECOVERY_ACTIONS, first_bin, lookup
-from streams.fault_bins.counters import apply_sample
+from streams.fault_bins.counters import apply_sample, rate_rules
 from streams.fault_bins.config import FaultBinConfig
 from streams.fault_bins.host_state import Finding, GpuMemo, HostState, close_due, norm_pci, record
 
@@ -156,7 +156,7 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
     then, of every host in `state`. The prior states are copied first unless `owned` hands them over.
     """
     hosts: dict[str, HostState] = {}
-    out, stats = [], Counter()
+    out, stats, rules = [], Counter(), rate_rules(config)
 
     def host_state(host: str) -> HostState:
         if host not in hosts:
@@ -177,7 +177,7 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
         out += closed
         if kind == "sample":
             st.swm = ts
-            findings = apply_sample(st, host, r, config)
+            findings = apply_sample(st, host, r, config, rules)
         else:
             findings = [xid_finding(st, host, r, config)]
         st.dirty = st.dirty or kind == "xid" or bool(findings or closed)

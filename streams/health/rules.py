@@ -395,7 +395,7 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig)
     strag_loss = np.where(on & ~gated, v[:, 5] / (100.0 + v[:, 5]), 0.0)
     thr = _z(col("hard")) * cfg.throttle_clock_loss + _z(col("cap")) * cfg.power_cap_clock_loss
     thr_loss = np.where(on & ~gated, np.maximum(thr - strag_loss, 0.0), 0.0)
-    scores_l, strag_l, thr_l, gated_l = gpu_score.tolist(), strag_loss.tolist(), thr_loss.tolist(), gated.tolist()
+    scores_l, gated_l = gpu_score.tolist(), gated.tolist()
     out = []
     for k, (h, host, now) in enumerate(hosts):
         a, b = bounds[k], bounds[k + 1]
@@ -409,8 +409,8 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig)
         if fired:
             node = min(node, cfg.gate_cap)
         inputs = {"installed_gpus": h.installed, "present_gpus": len(h.present), "gated_gpus": sum(gated_l[a:b]),
-                  "straggler_loss_gpus": round(float(np.sum(strag_l[a:b])), 4),
-                  "throttle_loss_gpus": round(float(np.sum(thr_l[a:b])), 4),
+                  "straggler_loss_gpus": round(float(strag_loss[a:b].sum()), 4),
+                  "throttle_loss_gpus": round(float(thr_loss[a:b].sum()), 4),
                   "worst_gpu": worst, **{f"gate_since.{key}": t for key, t in fired.items()}}
         out.append(Scores(host, now, h.rack, s[a:b], v[a:b], pts[a:b], gpu_score[a:b], gpu_gates[a:b], round(node, 2),
                           node_pts, fired, inputs))

@@ -119,9 +119,11 @@ class Lane:
                 await self._refuse(pending, src, event, str(exc))
                 continue
             key = msg.key.decode(errors="replace") if msg.key is not None else None
+            shared = None  # one Record for the readers that call it the same (it is frozen)
             for w, kind in src.readers:
-                by_stage.setdefault(id(w), []).append(
-                    Record(kind, value, key, msg.topic, msg.partition, msg.offset, msg.timestamp or 0))
+                if shared is None or shared.kind != kind:
+                    shared = Record(kind, value, key, msg.topic, msg.partition, msg.offset, msg.timestamp or 0)
+                by_stage.setdefault(id(w), []).append(shared)
         done: list[tuple[Wired, StepState]] = []
         for w in self.stages:
             records = by_stage.get(id(w))
