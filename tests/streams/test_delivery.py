@@ -1,8 +1,8 @@
 """The fetch loop's choice between a direct hand-over and faust's wait_first, and where it is switched on.
 
-The loop itself runs in every test that starts a worker on the real broker (tests/streams/*_integration.py,
-tests/test_dead_letters_end_to_end.py), which count every record in and out; a full stream queue and a rebalance take
-faust's own path (must_wait), seen in `fleetpulse evaluate --kill-worker-at`.
+Off by default (FLEETPULSE_STREAMS_DIRECT_DELIVERY): with it on, the whole suite passed twice and hung once (a
+drain-storm evaluation's telemetry worker never processed a record, a rebalance waiting on the records handed over).
+With it on, `fleetpulse evaluate --kill-worker-at` passed (a full stream queue and a rebalance take faust's path).
 """
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ def restore_loop():
     faust_consumer.Consumer._drain_messages = delivery.FAUST_LOOP
 
 
-def test_create_app_installs_the_loop_unless_switched_off(tmp_path, restore_loop):
-    s = load(StreamsSettings, kafka_bootstrap_servers="k1:9092", data_dir=tmp_path)
-    create_app(s, stages=["power_thermal"])
-    assert faust_consumer.Consumer._drain_messages is delivery._drain_messages
+def test_create_app_installs_the_loop_only_when_switched_on(tmp_path, restore_loop):
     create_app(load(StreamsSettings, kafka_bootstrap_servers="k1:9092", data_dir=tmp_path,
-                    streams_direct_delivery=False), stages=["power_thermal"])
-    assert faust_consumer.Consumer._drain_messages is delivery.FAUST_LOOP
+                    streams_direct_delivery=True), stages=["power_thermal"])
+    assert faust_consumer.Consumer._drain_messages is delivery._drain_messages
+    create_app(load(StreamsSettings, kafka_bootstrap_servers="k1:9092", data_dir=tmp_path), stages=["power_thermal"])
+    assert faust_consumer.Consumer._drain_messages is delivery.FAUST_LOOP  # the default: faust's own loop
 
 
 def test_another_faust_version_keeps_its_own_loop(monkeypatch, restore_loop):
