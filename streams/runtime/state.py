@@ -117,9 +117,9 @@ class StepState:
                 continue
             stored = None
             if self.live.get(table) is not None:
-                stored = value.to_json()
-                # as bytes: to_json may share lists with the object, which later batches change in place
-                self.durable[table, key] = orjson.dumps(stored)
+                # Encoded once, as faust's JSON codec would (orjson, non-str keys): the changelog record, and the
+                # value a roll_back returns to (bytes: to_json may share lists that later batches change in place).
+                stored = self.durable[table, key] = orjson.dumps(value.to_json(), option=orjson.OPT_NON_STR_KEYS)
             sent.append(put(t, self._partition(t, key, partition), key, value, stored))
         self.writes.clear()
         return sent

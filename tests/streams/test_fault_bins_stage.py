@@ -75,6 +75,11 @@ async def test_stage_bins_both_topics_refuses_bad_records_and_keeps_state_on_the
     assert table["h1"].gpus["2"].lost is True
     changelog = [m for m in drain_changelog(app) if m.channel.get_topic_name().endswith("fault_bins-hosts-changelog")]
     assert changelog and {(orjson.loads(m.key), m.partition) for m in changelog} == {("h1", 3), ("h2", 5)}
+    # What a restart recovers each host from is the very encoding a roll-back returns to, and decodes to its state.
+    last = {orjson.loads(m.key): m.value for m in changelog}
+    [wired] = [w for lane in app.fleetpulse.lanes for w in lane.stages if w.spec.name == "fault_bins"]
+    assert last == {host: wired.durable["hosts", host] for host in ("h1", "h2")}
+    assert HostState.from_json(orjson.loads(last["h2"])).xwm == table["h2"].xwm == TS0 + 0.49
 
 
 def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
