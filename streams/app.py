@@ -104,7 +104,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     datadir = Path(workdir or s.data_dir / "streams")
     datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
     namespace = app_id(s.topic_prefix)
-    delivery.install(s.streams_direct_delivery)
+    delivery.install(s.streams_eager_delivery)
     app = faust.App(
         group_id(s.topic_prefix, worker),
         Table=_namespaced_table(namespace),

@@ -36,11 +36,10 @@ class StreamsSettings(CommonSettings):
     streams_gc_young: int = Field(default=50_000, ge=0, description="allocations between the cyclic garbage "
                                   "collector's young collections (Python's 700 makes it walk the stages' state "
                                   "thousands of times a second: 2-3x the CPU per sample); 0 keeps Python's")
-    streams_direct_delivery: bool = Field(default=False, description="hand fetched records to the stages without "
-                                          "faust's two tasks per record (streams/runtime/delivery.py): ~30 % less "
-                                          "CPU, but one CI run in three hung a worker with it (records handed over, "
-                                          "never processed, a rebalance waiting on them), cause not found; off: "
-                                          "faust's own fetch loop")
+    streams_eager_delivery: bool = Field(default=True, description="hand each fetched record to the stages in the "
+                                         "fetch loop's own task, falling back to faust's four tasks per record only "
+                                         "when the hand-over has to wait (streams/runtime/delivery.py): ~30 % less "
+                                         "CPU; false: faust's own fetch loop")
     streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
     rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
     rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')

@@ -1,20 +1,27 @@
-"""Hands each fetched record to faust's streams without two tasks and an asyncio.wait per record.
+"""Hands each fetched record to faust's streams without two tasks and an asyncio.wait per record, unless it must wait.
 
 faust 0.15.3's fetch loop (`Consumer._drain_messages`) delivers every record through
-`wait_first(callback(message), suspend_flow.wait())`: two tasks and an `asyncio.wait` per record, so that a delivery
-blocked during a rebalance is abandoned. On the telemetry worker at 1,000 hosts that was ~30 % of the process's CPU
-(`bench/throughput.py --stages all`: 13.7 s -> 9.8 s of CPU for the same 30,000 samples and 28,200 NCCL steps).
+`wait_first(callback(message), suspend_flow.wait())`: four tasks and an `asyncio.wait` per record, so that a delivery
+that blocks (flow control during a rebalance, a full stream queue, the producer's buffer, the conductor's lock) is
+abandoned when the consumer's flow stops, stops or crashes. On the telemetry worker at 1,000 hosts that was ~30 % of
+the process's CPU (`bench/throughput.py --stages all`: 13.7 s -> 9.8 s of CPU for 30,000 samples and 28,200 NCCL
+steps).
 
-A delivery can only block when flow is suspended (a rebalance), or when a stream queue of the record's partition is
-full (the conductor then waits for room). This loop is faust's, record for record, except that it awaits the delivery
-directly when neither holds, and falls back to faust's `wait_first` when one does. Reaches into faust's consumer and
-conductor (`_tp_index`, `_read_offset`): faust is pinned (pyproject.toml), and a different version keeps its own loop.
+This loop is faust's, record for record, except that it starts the delivery eagerly: it runs the callback's coroutine
+in the fetch loop's own task up to its first wait. Almost always the record is in its streams' queues by then and the
+coroutine has finished, with no task made. If it has to wait, the rest of it — the very wait it stopped at — goes to
+faust's `wait_first` with the consumer's suspend-flow event, exactly as faust's loop would have, so whatever blocks a
+delivery is abandoned on a rebalance, a stop or a crash as before. (An earlier version awaited the callback directly
+whenever a check said it could not block; a wait that check did not foresee then held the fetch loop through a
+rebalance, and one test run in three hung.) Reaches into faust's consumer (`_read_offset`): faust is pinned
+(pyproject.toml), and a different version keeps its own loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 import faust
@@ -26,9 +33,43 @@ FAUST_VERSION = "0.15.3"  # the version whose `_drain_messages` this loop copies
 FAUST_LOOP = faust_consumer.Consumer._drain_messages
 
 
-def must_wait(suspended: bool, flow_active: bool, queues: Any) -> bool:
-    """True when handing a record over may block: flow suspended (a rebalance) or a full stream queue."""
-    return suspended or not flow_active or any(q.full() for q in queues)
+class Resumed:
+    """The rest of a coroutine that was started by hand and stopped at `waiting` (what it yielded to its task): awaiting
+    this hands `waiting` to the awaiting task, then drives the coroutine on, passing in what the task sends or throws
+    (a cancellation included) until it returns."""
+
+    __slots__ = ("coro", "waiting")
+
+    def __init__(self, coro: Coroutine, waiting: Any):
+        self.coro, self.waiting = coro, waiting
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, waiting = self.coro, self.waiting
+        while True:
+            try:
+                sent = yield waiting
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - thrown in by the task (CancelledError): the coroutine's
+                try:
+                    waiting = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                waiting = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+def start(coro: Coroutine) -> Resumed | None:
+    """Run `coro` up to its first wait: None if it finished without one (its exceptions propagate), else the rest."""
+    try:
+        waiting = coro.send(None)
+    except StopIteration:
+        return None
+    return Resumed(coro, waiting)
 
 
 async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetch loop; exercised by every broker test
@@ -41,9 +82,6 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
     set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
     commit_every = self._commit_every
     acks_enabled_for = self.app.topics.acks_enabled_for
-    suspended = self.suspend_flow.is_set
-    flow_active = self.app.flow_control.is_active
-    channels_of = self.app.topics._tp_index.get
     since_yield = 0
     try:
         while not (consumer_should_stop() or fetcher_should_stop()):
@@ -65,10 +103,9 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
                         if commit_every is not None and self._n_acked >= commit_every:
                             self._n_acked = 0
                             await self.commit()
-                        if must_wait(suspended(), flow_active(), [c.queue for c in channels_of(tp, ())]):
-                            await self.wait_first(callback(message), self.suspend_flow.wait())
-                        else:
-                            await callback(message)
+                        rest = start(callback(message))
+                        if rest is not None:  # it waits: from here on as faust's loop does
+                            await self.wait_first(rest, self.suspend_flow.wait())
                         set_read_offset(tp, offset)
                 unset_flag(CONSUMER_FETCHING)
     except self.consumer_stopped_errors:
@@ -88,12 +125,12 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
         unset_flag(CONSUMER_FETCHING)
 
 
-def install(direct: bool = True) -> bool:
-    """The fetch loop of every faust consumer in this process: this one (`direct`), or faust's own. True if this one
+def install(eager: bool = True) -> bool:
+    """The fetch loop of every faust consumer in this process: this one (`eager`), or faust's own. True if this one
     is in place; faust's is kept on another faust version."""
-    if direct and faust.__version__ != FAUST_VERSION:
-        log.warning("faust %s is not %s: keeping its own fetch loop (a task pair per record)", faust.__version__,
+    if eager and faust.__version__ != FAUST_VERSION:
+        log.warning("faust %s is not %s: keeping its own fetch loop (four tasks per record)", faust.__version__,
                     FAUST_VERSION)
-        direct = False
-    faust_consumer.Consumer._drain_messages = _drain_messages if direct else FAUST_LOOP
-    return direct
+        eager = False
+    faust_consumer.Consumer._drain_messages = _drain_messages if eager else FAUST_LOOP
+    return eager
