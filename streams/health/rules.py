@@ -102,6 +102,10 @@ class HostHealth:
     stragglers: dict[int, list] = field(default_factory=dict)  # gpu (-1 node) -> [ts, slowdown_pct, z, job]
     repaired_at: float = 0.0
     emitted: dict[str, list] = field(default_factory=dict)  # "node" -> [score, gates, ts]; "<gpu>" -> [score, gates]
+    # Not state: the GPU rows of the last fold as a matrix, (GPU indices, matrix, the row lists it holds), so the next
+    # fold and the scores read them without turning lists into an array again. Valid while h.gpus holds those very
+    # lists (rows are replaced, never changed in place); copies and changelog reads start without it.
+    block: tuple | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         # Rows keep NaN for unknown: the changelog's JSON encoder (orjson) writes null. Rows are replaced, never
@@ -154,20 +158,31 @@ def apply_samples(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -
     return out
 
 
+def _rows(h: HostHealth, idx: list[int]) -> np.ndarray:
+    """The host's state rows of GPUs `idx` as a matrix (NaN for a GPU never seen): the last fold's, while current."""
+    if h.block is not None:
+        was, matrix, lists = h.block
+        if was == idx and all(h.gpus.get(i) is r for i, r in zip(idx, lists)):
+            return matrix
+    return np.array([h.gpus.get(i) or _NAN_ROW for i in idx], dtype=float).reshape(len(idx), len(COLS))
+
+
 def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
     """One round: each host at most once, each sample newer than its host's watermark."""
-    readings, prior, stamps = [], [], []
+    readings, prior, stamps, indices = [], [], [], []
     for h, s in pairs:
         ts = float(s["ts"])
+        idx = [g["index"] for g in s["gpus"]]
         for g in s["gpus"]:
             try:
                 readings.append(_reading(g))
             except KeyError:  # a reading that leaves optional fields out
                 readings.append([g.get(f) for f in FIELDS])
-            prior.append(h.gpus.get(g["index"]) or _NAN_ROW)
-            stamps.append(ts)
+        prior.append(_rows(h, idx))
+        stamps += [ts] * len(idx)
+        indices.append(idx)
     m = np.array(readings, dtype=float).reshape(len(readings), len(FIELDS))  # None: NaN
-    p = np.array(prior, dtype=float).reshape(len(prior), len(COLS))
+    p = np.concatenate(prior) if prior else np.empty((0, len(COLS)))
     ts = np.array(stamps, dtype=float)
     n = p.copy()
     dt = ts - p[:, C["ts"]]
@@ -206,11 +221,12 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
     n[:, C["ts"]] = ts
     rows = n.tolist()
     j = 0
-    for h, s in pairs:
-        ts_h, idx = float(s["ts"]), [g["index"] for g in s["gpus"]]
-        for i in idx:
-            h.gpus[i] = rows[j]
-            j += 1
+    for (h, s), idx in zip(pairs, indices):
+        ts_h, k = float(s["ts"]), j + len(idx)
+        for i, row in zip(idx, rows[j:k]):
+            h.gpus[i] = row
+        h.block = (idx, n[j:k].copy(), rows[j:k])  # a copy: a view would keep the whole batch's matrix alive
+        j = k
         h.present = sorted(idx)
         h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
         h.wm, h.rack = ts_h, s.get("rack", "") or h.rack
@@ -364,19 +380,19 @@ def score(h: HostHealth, host: str, now: float, cfg: HealthConfig) -> Scores:
 
 def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig) -> list[Scores]:
     """score() of many hosts, vectorised over all their GPUs at once."""
-    bounds, rows, strag, hist, present, fired_of, gpu_gates = [0], [], [], [], [], [], []
+    bounds, blocks, strag, hist, present, fired_of, gpu_gates = [0], [], [], [], [], [], []
     for h, _, now in hosts:
         on = set(h.present)
+        blocks.append(_rows(h, list(range(h.installed))))
         for i in range(h.installed):
-            rows.append(h.gpus.get(i) or _NAN_ROW)
             strag.append(_straggler(h, i, now, cfg) if h.stragglers else 0.0)
             hist.append(_history(h, i, now, cfg) if h.faults else 0.0)
             present.append(i in on)
-        bounds.append(len(rows))
+        bounds.append(bounds[-1] + h.installed)
         fired = gates(h, now, cfg)
         fired_of.append(fired)
         gpu_gates += [sorted(k.split("/", 1)[1] for k in fired if k.startswith(f"gpu{i}/")) for i in range(h.installed)]
-    s = np.array(rows, dtype=float).reshape(len(rows), len(COLS))
+    s = np.concatenate(blocks) if blocks else np.empty((0, len(COLS)))
     col = lambda c: s[:, C[c]]  # noqa: E731
     v = np.column_stack([col("slow") - col("temp"), col("hard") + cfg.power_cap_factor * col("cap"),
                          col("sbe_r") * 3600.0, col("pcie_r") * 60.0, col("nvl_r"), strag, hist])
