@@ -38,6 +38,14 @@ def test_app_is_namespaced_and_configured_from_settings(tmp_path):
                           "ns.fleetpulse-streams-power_thermal-racks-changelog": 8}
 
 
+
+def test_the_app_starts_without_faust_s_monitor_among_its_sensors(tmp_path):
+    """faust calls each sensor four times per record; its Monitor only feeds faust's web pages, which are off."""
+    app = create_app(settings(tmp_path), stages=["power_thermal"])
+    app.on_init_dependencies()
+    assert app.monitor not in set(app.sensors)
+    app.on_init_dependencies()  # again (a restart of the app's services): still none, and no error
+
 def test_rack_budgets_reach_both_rule_sets(tmp_path):
     inventory = tmp_path / "racks.json"
     inventory.write_text(json.dumps({"r1": 40_000, "r2": 30_000}))
