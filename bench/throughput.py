@@ -64,15 +64,28 @@ async def consume_raw(settings: CommonSettings, expected: int, topics: tuple[Top
     tps = [TopicPartition(t.full(settings.topic_prefix), p) for t in topics for p in range(t.partitions)]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)
-    decoded, t0 = [], time.perf_counter()
+    decoded, t0, cpu0 = [], time.perf_counter(), time.process_time()
     try:
         while len(decoded) < expected:
             batch = await consumer.getmany(timeout_ms=500, max_records=5000)
             for tp, records in batch.items():
                 decoded.extend((tp.partition, r.offset, orjson.loads(r.value)) for r in records)
+        CEILING_CPU.append(time.process_time() - cpu0)
         return time.perf_counter() - t0, decoded
     finally:
         await consumer.stop()
+
+
+CEILING_CPU: list[float] = []  # CPU seconds of each consume_raw (this process is otherwise idle meanwhile)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (Linux /proc); NaN where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def worker_topics(settings: CommonSettings, stages: str) -> dict[str, int]:
@@ -117,8 +130,10 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
                 if tp.topic in left and meta.offset > 0:
                     left[tp.topic] -= meta.offset
             if first is None and sum(left.values()) < sum(ends.values()):
-                first = (now, dict(left))
+                first = (now, dict(left), cpu_seconds(proc.pid))
             caught.update((t, now) for t, n in left.items() if n == 0 and t not in caught)
+            if len(caught) == len(ends):
+                cpu = cpu_seconds(proc.pid) - first[2]  # the telemetry worker's own process (with py-spy: py-spy's)
             if len(caught) == len(ends) or now - started > 900 or proc.poll() is not None:
                 break
             await asyncio.sleep(0.2)
@@ -134,7 +149,7 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
         rates[name] = {"records": ends[topic], "after_first_commit": n,
                        "per_s": round(n / max(caught[topic] - first[0], 1e-9)) if n else None}
     return {"startup_s": round(first[0] - started, 2), "seconds": round(max(caught.values()) - first[0], 2),
-            "topics": rates}
+            "cpu_s": round(cpu, 2), "topics": rates}
 
 
 async def sink(settings: CommonSettings, expected_rows: int) -> dict:
@@ -204,9 +219,12 @@ async def worker_runs(args, tmp: Path) -> dict:
             n = sum(report.sent[t.name] for t in inputs)
             seconds, _ = await consume_raw(settings, n, inputs)  # the ceiling of this very publication
             ceiling[name].append({t.name: report.sent[t.name] * unit[t.name] / seconds for t in inputs})
+            ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * CEILING_CPU[-1] / report.sent[SAMPLES.name]
             profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
             run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
                                       cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval)
+            if "cpu_s" in run:  # CPU per host sample with its share of NCCL: robust to what the machine gave the run
+                run["cpu_us_per_sample"] = round(1e6 * run["cpu_s"] / run["topics"][SAMPLES.name]["after_first_commit"], 1)
             for topic, rate in run.get("topics", {}).items():
                 rate["records_per_timing"] = round(1.0 / unit.get(topic, 1.0), 4)
                 rate["per_s"] = round(rate["per_s"] * unit.get(topic, 1.0)) if rate["per_s"] else None
@@ -226,10 +244,20 @@ async def worker_runs(args, tmp: Path) -> dict:
         out[f"stream_worker_{name}"] = {"per_s_median": {t.name: median(rs, t.name) for t in inputs}, "runs": rs}
         out[f"worker_vs_ceiling_{name}"] = {t.name: round(median(rs, t.name) / out[f"raw_consume_decode_{name}"][
             t.name], 3) for t in inputs if median(rs, t.name)}
+        # The same comparison in CPU: a bare consumer's CPU per sample over the worker's (both read samples and NCCL).
+        cpu = [r["cpu_us_per_sample"] for r in rs if r.get("cpu_us_per_sample") == r.get("cpu_us_per_sample")]
+        ceiling_cpu = statistics.median(c["cpu_us_per_sample"] for c in ceiling[name])
+        out[f"cpu_us_per_sample_{name}"] = {"worker": round(statistics.median(cpu), 1) if cpu else None,
+                                            "raw_consume_decode": round(ceiling_cpu, 1)}
+        if cpu:
+            out[f"worker_vs_ceiling_cpu_{name}"] = round(ceiling_cpu / statistics.median(cpu), 3)
     if "before" in runs:
         out["ratio_after_vs_before"] = {
             t.name: round(median(runs["after"], t.name) / median(runs["before"], t.name), 2)
             for t in inputs if median(runs["after"], t.name) and median(runs["before"], t.name)}
+        before, after = out["cpu_us_per_sample_before"]["worker"], out["cpu_us_per_sample_after"]["worker"]
+        if before and after:
+            out["cpu_ratio_before_vs_after"] = round(before / after, 2)  # x less CPU per sample
     return out
 
 
