@@ -220,17 +220,19 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
     n[:, _LATEST] = m[:, _LATEST_FROM]  # latest reading: an unreadable value is unknown now, not what it was
     n[:, C["ts"]] = ts
     rows = n.tolist()
+    hits = row_gates(n, np.repeat([h.repaired_at for h, _ in pairs], [len(idx) for idx in indices]), ts, cfg)
     j = 0
     for (h, s), idx in zip(pairs, indices):
         ts_h, k = float(s["ts"]), j + len(idx)
         for i, row in zip(idx, rows[j:k]):
             h.gpus[i] = row
         h.block = (idx, n[j:k].copy(), rows[j:k])  # a copy: a view would keep the whole batch's matrix alive
-        j = k
         h.present = sorted(idx)
         h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
         h.wm, h.rack = ts_h, s.get("rack", "") or h.rack
-        gates(h, ts_h, cfg)  # onsets are the first sample showing a condition, however seldom the host is scored
+        # onsets are the first sample showing a condition, however seldom the host is scored
+        gates(h, ts_h, cfg, rows_quiet=not any(hits[j:k]))
+        j = k
 
 
 def apply_fault(h: HostHealth, f: Mapping, cfg: HealthConfig) -> bool:
@@ -294,15 +296,29 @@ _FLAGS = tuple((C[col], name) for col, name in (("pending", "row_remap_pending")
                                                 ("pages", "retired_pages_pending")))
 
 
-def gates(h: HostHealth, now: float, cfg: HealthConfig) -> dict[str, float]:
-    """Hard gates that fire now ('gpu3/ecc_dbe', 'fault_bin:reboot'), each with its onset; updates h.since."""
+def row_gates(rows: np.ndarray, repaired_at: np.ndarray, now: np.ndarray, cfg: HealthConfig) -> list[bool]:
+    """Per GPU state row (with its host's last repair and the time it is judged at): whether gates() would find a gate
+    in the row itself. gates()' per-GPU tests, vectorised over many hosts; NaN tests false in both."""
+    dbe_at = rows[:, _DBE_AT]
+    with np.errstate(invalid="ignore"):
+        hit = ((dbe_at > repaired_at) & (now - dbe_at <= cfg.fault_gate_max_s)) | (rows[:, _ACTION] > 0)
+        for col, _ in _FLAGS:
+            hit |= rows[:, col] == 1
+    return hit.tolist()
+
+
+def gates(h: HostHealth, now: float, cfg: HealthConfig, rows_quiet: bool = False) -> dict[str, float]:
+    """Hard gates that fire now ('gpu3/ecc_dbe', 'fault_bin:reboot'), each with its onset; updates h.since.
+    `rows_quiet`: row_gates() found nothing in the present GPUs' rows, so only lost GPUs and faults are looked at."""
     out: dict[str, float] = {}
     present = set(h.present)
     for i in range(h.installed):
-        pre, row = f"gpu{i}/", h.gpus.get(i) or _NAN_ROW
         if i not in present:
-            out[pre + "gpu_lost"] = now
+            out[f"gpu{i}/gpu_lost"] = now
             continue
+        if rows_quiet:
+            continue
+        pre, row = f"gpu{i}/", h.gpus.get(i) or _NAN_ROW
         dbe_at = row[_DBE_AT]
         if dbe_at > h.repaired_at and now - dbe_at <= cfg.fault_gate_max_s:
             out[pre + "ecc_dbe"] = dbe_at
@@ -380,19 +396,28 @@ def score(h: HostHealth, host: str, now: float, cfg: HealthConfig) -> Scores:
 
 def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig) -> list[Scores]:
     """score() of many hosts, vectorised over all their GPUs at once."""
-    bounds, blocks, strag, hist, present, fired_of, gpu_gates = [0], [], [], [], [], [], []
-    for h, _, now in hosts:
-        on = set(h.present)
+    bounds, blocks = [0], []
+    for h, _, _ in hosts:
         blocks.append(_rows(h, list(range(h.installed))))
+        bounds.append(bounds[-1] + h.installed)
+    s = np.concatenate(blocks) if blocks else np.empty((0, len(COLS)))
+    per_gpu = [h.installed for h, _, _ in hosts]
+    hits = row_gates(s, np.repeat([h.repaired_at for h, _, _ in hosts], per_gpu),
+                     np.repeat([now for _, _, now in hosts], per_gpu), cfg)
+    strag, hist, present, fired_of, gpu_gates = [], [], [], [], []
+    for k, (h, _, now) in enumerate(hosts):
+        on = set(h.present)
         for i in range(h.installed):
             strag.append(_straggler(h, i, now, cfg) if h.stragglers else 0.0)
             hist.append(_history(h, i, now, cfg) if h.faults else 0.0)
             present.append(i in on)
-        bounds.append(bounds[-1] + h.installed)
-        fired = gates(h, now, cfg)
+        fired = gates(h, now, cfg, rows_quiet=not any(hits[bounds[k]:bounds[k + 1]]))
         fired_of.append(fired)
-        gpu_gates += [sorted(k.split("/", 1)[1] for k in fired if k.startswith(f"gpu{i}/")) for i in range(h.installed)]
-    s = np.concatenate(blocks) if blocks else np.empty((0, len(COLS)))
+        if fired:
+            gpu_gates += [sorted(key.split("/", 1)[1] for key in fired if key.startswith(f"gpu{i}/"))
+                          for i in range(h.installed)]
+        else:
+            gpu_gates += [[] for _ in range(h.installed)]
     col = lambda c: s[:, C[c]]  # noqa: E731
     v = np.column_stack([col("slow") - col("temp"), col("hard") + cfg.power_cap_factor * col("cap"),
                          col("sbe_r") * 3600.0, col("pcie_r") * 60.0, col("nvl_r"), strag, hist])

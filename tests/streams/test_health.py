@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from streams.health.rules import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
-                            apply_straggler, score)
+from streams.health.rules import (COLS, HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
+                                  apply_straggler, gates, row_gates, score)
 from streams.health.stage import news
 from tests.streams.helpers import gpu, sample
 
@@ -237,3 +242,22 @@ def test_state_survives_the_changelog_and_replays_are_ignored():
     assert orjson.dumps(back.to_json()) == orjson.dumps(h.to_json())  # NaN (unknown) in memory, null on the wire
     assert not apply_sample(back, sample("h1", T0, [gpu(i) for i in range(8)]), CFG)  # older than the watermark
     assert score(back, "h1", back.wm, CFG).node() == score(h, "h1", h.wm, CFG).node()
+
+
+_VALUES = st.sampled_from([math.nan, 0.0, 1.0, 2.0, 5.0, T0 - 50_000.0, T0 - 100.0, T0, T0 + 5.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.lists(_VALUES, min_size=len(COLS), max_size=len(COLS)), min_size=1, max_size=8),
+       present=st.sets(st.integers(0, 7)), repaired_at=st.sampled_from([0.0, T0 - 200.0, T0 + 1.0]),
+       now=st.sampled_from([T0, T0 + 30_000.0]))
+def test_the_vectorised_row_test_finds_a_gate_exactly_where_gates_does(rows, present, repaired_at, now):
+    """row_gates() lets gates() skip a host's rows; a host it calls quiet must have no gate in them."""
+    h = HostHealth(installed=len(rows), present=sorted(i for i in present if i < len(rows)),
+                   gpus=dict(enumerate(rows)), repaired_at=repaired_at)
+    full = gates(HostHealth(**{**h.__dict__, "since": {}}), now, CFG)
+    hits = row_gates(np.array(rows, dtype=float), np.full(len(rows), repaired_at), np.full(len(rows), now), CFG)
+    row_keys = {k for k in full if not k.endswith("/gpu_lost")}
+    assert bool(row_keys) == any(hit for i, hit in enumerate(hits) if i in h.present)
+    quiet = not any(hits)
+    assert gates(h, now, CFG, rows_quiet=quiet) == full
