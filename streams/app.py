@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import faust
+from faust.sensors import Monitor
 from faust.types import TP
 
 from core.errors import ConfigError
@@ -66,17 +67,23 @@ def _namespaced_table(namespace: str) -> type[faust.Table]:
     return Table
 
 
-class App(faust.App):
-    """faust's app without its Monitor sensor on the per-record path. faust calls every sensor four times per record
-    (received, into a stream, out of it, acknowledged); the Monitor's bookkeeping feeds only faust's web statistics
-    pages, and the stages count what they receive, emit and refuse themselves (streams/metrics.py). The monitor object
-    stays for faust's direct calls (commits, end offsets)."""
+class QuietMonitor(Monitor):
+    """faust's Monitor without its per-record bookkeeping. faust calls every sensor four times per record (received,
+    into a stream, out of it, acknowledged); the Monitor's counters there feed only faust's web statistics pages, and
+    the stages count what they receive, emit and refuse themselves (streams/metrics.py). Rebalance, commit and table
+    hooks stay as faust's (faust warns when a rebalance finds no sensor state)."""
 
-    def on_init_dependencies(self):
-        deps = super().on_init_dependencies()
-        if self.monitor in set(self.sensors):
-            self.sensors.remove(self.monitor)
-        return deps
+    def on_message_in(self, tp, offset, message) -> None:
+        pass
+
+    def on_stream_event_in(self, tp, offset, stream, event) -> None:
+        return None
+
+    def on_stream_event_out(self, tp, offset, stream, event, state=None) -> None:
+        pass
+
+    def on_message_out(self, tp, offset, message) -> None:
+        pass
 
 
 def broker_credentials(s: CommonSettings) -> faust.auth.Credentials | None:
@@ -118,7 +125,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
     namespace = app_id(s.topic_prefix)
     delivery.install(s.streams_eager_delivery)
-    app = App(
+    app = faust.App(
         group_id(s.topic_prefix, worker),
         Table=_namespaced_table(namespace),
         broker=[f"kafka://{hp.strip()}" for hp in s.bootstrap.split(",")],
@@ -137,6 +144,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
         web_port=s.streams_web_port or 6066,
         datadir=str(datadir),
         autodiscover=False,
+        monitor=QuietMonitor(),
     )
     metrics = MetricsRegistry()
     runtime = StreamsRuntime(s, chosen, metrics, emitter or TopicEmitter(app), {}, worker=worker)

@@ -10,7 +10,7 @@ import pytest
 from core.errors import ConfigError
 from core.settings import load
 from schemas.topics import ALERTS, RACK_POWER, SAMPLES
-from streams.app import app_id, broker_credentials, create_app, metrics_of
+from streams.app import QuietMonitor, app_id, broker_credentials, create_app, metrics_of
 from streams.metrics import StageMetrics
 from streams.metrics_server import exposition
 from streams.power_thermal import stage as power_thermal
@@ -39,12 +39,14 @@ def test_app_is_namespaced_and_configured_from_settings(tmp_path):
 
 
 
-def test_the_app_starts_without_faust_s_monitor_among_its_sensors(tmp_path):
-    """faust calls each sensor four times per record; its Monitor only feeds faust's web pages, which are off."""
+def test_the_app_s_monitor_keeps_no_per_record_bookkeeping(tmp_path):
+    """faust calls each sensor four times per record; its Monitor's counters only feed faust's web pages (off)."""
     app = create_app(settings(tmp_path), stages=["power_thermal"])
     app.on_init_dependencies()
-    assert app.monitor not in set(app.sensors)
-    app.on_init_dependencies()  # again (a restart of the app's services): still none, and no error
+    assert isinstance(app.monitor, QuietMonitor) and app.monitor in set(app.sensors)
+    app.monitor.on_message_in(None, 0, None)
+    assert app.monitor.on_stream_event_in(None, 0, None, None) is None
+    assert app.monitor.messages_received_total == 0 and app.monitor.events_total == 0
 
 def test_rack_budgets_reach_both_rule_sets(tmp_path):
     inventory = tmp_path / "racks.json"
