@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator
 from agents.simulator.scenario import Scenario
-from fleetpulse.broker import ensure_broker
+from fleetpulse.broker import LocalKafka, ensure_broker
 from core.errors import FleetpulseError
 from fleetpulse.evaluate import collect
 from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
@@ -59,6 +59,7 @@ class Plan:
     settle_s: float = 120.0  # longest wait for the worker and sink to finish after the last tick
     speed: float = 0.0  # at most this many simulated seconds per wall second; 0 = as fast as the worker follows
     keep_topics: bool = False  # the run's topics are deleted once scored (its database stays)
+    keep_broker: bool = False  # a local broker this run started is stopped at its end, unless kept
     streams_env: dict[str, str] = field(default_factory=dict)  # FLEETPULSE_* for the worker (rule parameters)
     bot: BotConfig = field(default_factory=BotConfig)
 
@@ -111,6 +112,21 @@ class Evaluation:
         await self.worker.start()
 
     async def run(self) -> dict:
+        """The run, with the local broker started for it (when none ran) stopped at its end, or said to be left."""
+        s = self.settings
+        local = LocalKafka(s.data_dir, s.local_kafka_port) if s.uses_local_kafka else None
+        started = local is not None and not (await asyncio.to_thread(local.status))["running"]
+        try:
+            return await self._run()
+        finally:
+            if started and self.plan.keep_broker:
+                self.progress.say(f"left the local Kafka broker this run started running ({local.bootstrap}); stop it "
+                                  "with `fleetpulse kafka stop`", force=True)
+            elif started:
+                await asyncio.to_thread(local.stop)
+                self.progress.say("stopped the local Kafka broker this run started", force=True)
+
+    async def _run(self) -> dict:
         p, s = self.plan, self.settings
         wall0 = time.monotonic()
         await asyncio.to_thread(ensure_broker, s)
