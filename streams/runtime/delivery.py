@@ -12,8 +12,9 @@ in the fetch loop's own task up to its first wait. Almost always the record is i
 coroutine has finished, with no task made. If it has to wait, the rest of it — the very wait it stopped at — goes to
 faust's `wait_first` with the consumer's suspend-flow event, exactly as faust's loop would have, so whatever blocks a
 delivery is abandoned on a rebalance, a stop or a crash as before. (An earlier version awaited the callback directly
-whenever a check said it could not block; a wait that check did not foresee then held the fetch loop through a
-rebalance, and one test run in three hung.) Reaches into faust's consumer (`_read_offset`): faust is pinned
+whenever a check said it could not block, and could hold the fetch loop on a wait the check did not foresee: the
+producer's buffer or the conductor's lock. The hang once blamed on it was a changelog topic missing from the group's
+assignment on a fresh broker: streams/cli.py changelog_topics.) Reaches into faust's consumer (`_read_offset`): faust is pinned
 (pyproject.toml), and a different version keeps its own loop.
 """
 
