@@ -56,8 +56,10 @@ async def publish(settings: CommonSettings, hosts: int, ticks: int) -> int:
     return n
 
 
-async def consume_raw(settings: CommonSettings, expected: int, topics: tuple[Topic, ...] = (SAMPLES,)) -> tuple[float, list]:
-    """Seconds to fetch and orjson-decode every record of `topics`: the ceiling for any consumer of them."""
+async def consume_raw(settings: CommonSettings, expected: int,
+                      topics: tuple[Topic, ...] = (SAMPLES,)) -> tuple[float, list, float]:
+    """Seconds to fetch and orjson-decode every record of `topics` (the ceiling for any consumer of them), the records,
+    and the CPU seconds this process spent on it (it is otherwise idle meanwhile)."""
     consumer = AIOKafkaConsumer(**settings.kafka_client_args(), enable_auto_commit=False, max_poll_records=5000,
                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()
@@ -70,13 +72,9 @@ async def consume_raw(settings: CommonSettings, expected: int, topics: tuple[Top
             batch = await consumer.getmany(timeout_ms=500, max_records=5000)
             for tp, records in batch.items():
                 decoded.extend((tp.partition, r.offset, orjson.loads(r.value)) for r in records)
-        CEILING_CPU.append(time.process_time() - cpu0)
-        return time.perf_counter() - t0, decoded
+        return time.perf_counter() - t0, decoded, time.process_time() - cpu0
     finally:
         await consumer.stop()
-
-
-CEILING_CPU: list[float] = []  # CPU seconds of each consume_raw (this process is otherwise idle meanwhile)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -217,14 +215,15 @@ async def worker_runs(args, tmp: Path) -> dict:
             if NCCL in inputs and report.sent.get(NCCL.name):
                 unit[NCCL.name] = report.nccl_timings / report.sent[NCCL.name]
             n = sum(report.sent[t.name] for t in inputs)
-            seconds, _ = await consume_raw(settings, n, inputs)  # the ceiling of this very publication
+            seconds, _, cpu_s = await consume_raw(settings, n, inputs)  # the ceiling of this very publication
             ceiling[name].append({t.name: report.sent[t.name] * unit[t.name] / seconds for t in inputs})
-            ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * CEILING_CPU[-1] / report.sent[SAMPLES.name]
+            ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * cpu_s / report.sent[SAMPLES.name]
             profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
             run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
                                       cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval)
             if "cpu_s" in run:  # CPU per host sample with its share of NCCL: robust to what the machine gave the run
-                run["cpu_us_per_sample"] = round(1e6 * run["cpu_s"] / run["topics"][SAMPLES.name]["after_first_commit"], 1)
+                samples = run["topics"][SAMPLES.name]["after_first_commit"]
+                run["cpu_us_per_sample"] = round(1e6 * run["cpu_s"] / samples, 1)
             for topic, rate in run.get("topics", {}).items():
                 rate["records_per_timing"] = round(1.0 / unit.get(topic, 1.0), 4)
                 rate["per_s"] = round(rate["per_s"] * unit.get(topic, 1.0)) if rate["per_s"] else None
@@ -286,7 +285,7 @@ async def pipeline(args, tmp: Path) -> dict:
     n = await publish(settings, args.hosts, args.ticks)
     decode_times = []
     for _ in range(args.repeat):
-        seconds, decoded = await consume_raw(settings, n)
+        seconds, decoded, _ = await consume_raw(settings, n)
         decode_times.append(seconds)
     rows = [r for part, off, rec in decoded for r in TABLES["gpu_samples"].rows(rec, part, off)]
     raw_s = statistics.median(decode_times)

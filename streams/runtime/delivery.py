@@ -1,4 +1,4 @@
-"""Hands each fetched record to faust's streams without two tasks and an asyncio.wait per record, unless it must wait.
+"""Hands each fetched record to faust's streams without faust's tasks and asyncio.wait per record, unless it must wait.
 
 faust 0.15.3's fetch loop (`Consumer._drain_messages`) delivers every record through
 `wait_first(callback(message), suspend_flow.wait())`: four tasks and an `asyncio.wait` per record, so that a delivery
@@ -14,8 +14,8 @@ faust's `wait_first` with the consumer's suspend-flow event, exactly as faust's 
 delivery is abandoned on a rebalance, a stop or a crash as before. (An earlier version awaited the callback directly
 whenever a check said it could not block, and could hold the fetch loop on a wait the check did not foresee: the
 producer's buffer or the conductor's lock. The hang once blamed on it was a changelog topic missing from the group's
-assignment on a fresh broker: streams/cli.py changelog_topics.) Reaches into faust's consumer (`_read_offset`): faust is pinned
-(pyproject.toml), and a different version keeps its own loop.
+assignment on a fresh broker: streams/cli.py changelog_topics.) Reaches into faust's consumer (`_read_offset`): faust
+is pinned (pyproject.toml), and a different version keeps its own loop.
 """
 
 from __future__ import annotations

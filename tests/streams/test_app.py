@@ -38,7 +38,6 @@ def test_app_is_namespaced_and_configured_from_settings(tmp_path):
                           "ns.fleetpulse-streams-power_thermal-racks-changelog": 8}
 
 
-
 def test_the_app_s_monitor_keeps_no_per_record_bookkeeping(tmp_path):
     """faust calls each sensor four times per record; its Monitor's counters only feed faust's web pages (off)."""
     app = create_app(settings(tmp_path), stages=["power_thermal"])
@@ -47,6 +46,7 @@ def test_the_app_s_monitor_keeps_no_per_record_bookkeeping(tmp_path):
     app.monitor.on_message_in(None, 0, None)
     assert app.monitor.on_stream_event_in(None, 0, None, None) is None
     assert app.monitor.messages_received_total == 0 and app.monitor.events_total == 0
+
 
 def test_rack_budgets_reach_both_rule_sets(tmp_path):
     inventory = tmp_path / "racks.json"
