@@ -81,6 +81,10 @@ async def test_fault_drains_only_its_host_and_the_loop_survives_a_killed_worker(
         found = [r for r in await requests() if (r.host, r.action) == (host, action)]
         return found[-1] if found else None
 
+    async def gated_rows(host: str, gate: str) -> list[HealthScore]:
+        rows = [HealthScore.model_validate_json(r.value) for r in await read_all(kafka_bootstrap, names[HEALTH], 8)]
+        return [r for r in rows if r.host == host and r.gpu_index is None and gate in r.gates]
+
     log = tmp_path / "worker.log"
     worker = start_worker(log)
     try:
@@ -106,6 +110,9 @@ async def test_fault_drains_only_its_host_and_the_loop_survives_a_killed_worker(
         await produce(kafka_bootstrap, names[REMEDIATION], [result(validate, t0 + 90, dcgm_diag_level=3.0,
                                                                    nccl_busbw_gbs=410.0)])
         await wait_for("h2's undrain", lambda: request("h2", "undrain"), 30, log)
+        # health runs in the telemetry worker, lifecycle in the decisions worker: h3's drain (from the fault itself)
+        # says nothing about whether the telemetry worker has read that fault yet, so wait for its gated row too
+        await wait_for("h3's gated health row", lambda: gated_rows("h3", "gpu3/fault_bin:reset"), 30, log)
     except BaseException:
         stop_worker(worker, log, failing=True)
         raise
