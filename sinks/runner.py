@@ -158,10 +158,10 @@ class ClickHouseSink:
                 await self.flush(batch)
 
     async def send_dead_letter(self, tp: TopicPartition, rec, reason: str) -> None:
-        value, headers = dead_letter(rec.value, reason=reason, topic=tp.topic, partition=tp.partition,
-                                     offset=rec.offset, component="sink")
+        key, value, headers = dead_letter(rec.value, key=rec.key, reason=reason, topic=tp.topic,
+                                          partition=tp.partition, offset=rec.offset, component="sink")
         base = self.by_topic[tp.topic].topic
-        await self.producer.send_and_wait(base.dlq(self.settings.topic_prefix), value, key=rec.key, headers=headers)
+        await self.producer.send_and_wait(base.dlq(self.settings.topic_prefix), value, key=key, headers=headers)
         log.warning("dead-lettered %s[%d]@%d: %s", tp.topic, tp.partition, rec.offset, reason)
 
     async def flush(self, batch: Batch) -> None:

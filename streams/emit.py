@@ -68,6 +68,6 @@ class MemoryEmitter:
 async def send_dead_letter(emitter: Emitter, dlq_topic: str, event: EventT, reason: str, component: str) -> Awaitable:
     """Route one refused record to its dead-letter topic with the reason, source topic, partition and offset."""
     msg = event.message
-    value, headers = dead_letter(msg.value, reason=reason, topic=msg.topic, partition=msg.partition,
-                                 offset=msg.offset, component=component)
-    return await emitter.send(dlq_topic, msg.key, value, headers)
+    key, value, headers = dead_letter(msg.value, key=msg.key, reason=reason, topic=msg.topic,
+                                      partition=msg.partition, offset=msg.offset, component=component)
+    return await emitter.send(dlq_topic, key, value, headers)
