@@ -207,8 +207,14 @@ def parse_exporter_text(text: str, *, host: str, ts: float, seq: int = 0, rack: 
         except ValidationError:  # an identity field the schema refuses: drop the GPU, count it
             skipped["invalid_gpu"] += 1
     skipped.update({f"invalid:{k}": v for k, v in invalid.items()})
+    unique: dict[int, GpuReading] = {}
+    for g in sorted(gpus, key=lambda g: (g.index, g.uuid)):  # one host has one GPU per index: a text that shows two
+        if g.index in unique:  # (scrapes of several hosts run together) keeps the first, counted, never both
+            skipped["duplicate_index"] += 1
+        else:
+            unique[g.index] = g
     sample = HostSample(host=host, rack=rack, cluster=cluster, ts=ts, seq=seq, source="dcgm", driver_version=driver,
-                        gpus=sorted(gpus, key=lambda g: (g.index, g.uuid)))
+                        gpus=list(unique.values()))
     return DcgmScrape(sample, dict(pods), {u: dict(m) for u, m in mig.items()}, dict(other), skipped)
 
 

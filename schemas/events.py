@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.columns import ch
+from schemas.limits import GPU_INDEX_MAX, ID_MAX, MAX_GPUS, NAME_MAX, TEXT_MAX
 
 TS = ch("DateTime64(3, 'UTC')")
 LC = ch("LowCardinality(String)")
@@ -20,26 +21,26 @@ class XidEvent(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    host: str = Field(min_length=1, json_schema_extra=LC)
-    rack: str = Field(default="", json_schema_extra=LC)
-    cluster: str = Field(default="", json_schema_extra=LC)
+    host: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
+    rack: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
+    cluster: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
     ts: float = Field(gt=0, json_schema_extra=TS)
     kind: Literal["xid", "sxid"] = "xid"
     code: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
-    pci_bus_id: str | None = Field(default=None, json_schema_extra=LC_NULL)
-    gpu_index: int | None = Field(default=None, ge=0)
-    gpu_uuid: str | None = None
+    pci_bus_id: str | None = Field(default=None, max_length=ID_MAX, json_schema_extra=LC_NULL)
+    gpu_index: int | None = Field(default=None, ge=0, le=GPU_INDEX_MAX)
+    gpu_uuid: str | None = Field(default=None, max_length=ID_MAX)
     gpu_instance: int | None = Field(default=None, ge=0, description="MIG GPU instance id (GPU-I:)")
     pid: int | None = None
-    process: str | None = None
-    severity: str | None = Field(default=None, description="Fatal / Nonfatal where the line carries it (NVLink5, SXid)")
+    process: str | None = Field(default=None, max_length=NAME_MAX)
+    severity: str | None = Field(default=None, max_length=ID_MAX, description="Fatal / Nonfatal where the line carries it (NVLink5, SXid)")
     caused_by: int | None = Field(default=None, description="'caused by previous Xid N' suffix")
     recovery_action: int | None = Field(default=None, ge=0, le=7, description="Xid 154: the new recovery action")
-    unit: str | None = Field(default=None, description="NVLink5 unit (e.g. RLW_RXPIPE) where the line names one")
+    unit: str | None = Field(default=None, max_length=ID_MAX, description="NVLink5 unit (e.g. RLW_RXPIPE) where the line names one")
     link: int | None = Field(default=None, description="NVLink link number where the line names one")
     count: int = Field(default=1, ge=1, description="exact repeats folded into this event by the collector")
-    message: str = ""
-    raw_line: str = ""
+    message: str = Field(default="", max_length=TEXT_MAX)
+    raw_line: str = Field(default="", max_length=TEXT_MAX)
     source: Literal["kmsg", "journald", "file", "nvml", "dcgm", "simulator"] = "kmsg"
 
 
@@ -55,12 +56,12 @@ class NcclTiming(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job: str = Field(min_length=1, json_schema_extra=LC)
+    job: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
     rank: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
     world_size: int = Field(ge=1, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
-    host: str = Field(min_length=1, json_schema_extra=LC)
-    gpu_index: int | None = Field(default=None, ge=0)
-    collective: str = Field(json_schema_extra=LC, description="AllReduce, AllGather, ReduceScatter, ...")
+    host: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
+    gpu_index: int | None = Field(default=None, ge=0, le=GPU_INDEX_MAX)
+    collective: str = Field(max_length=ID_MAX, json_schema_extra=LC, description="AllReduce, AllGather, ReduceScatter, ...")
     seq: int = Field(ge=0, description="collective sequence number within the job's communicator")
     bytes: int = Field(ge=0)
     ts: float = Field(gt=0, json_schema_extra=TS, description="collective start on this rank, epoch seconds")
@@ -92,7 +93,7 @@ class RankTiming(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     rank: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
-    gpu_index: int | None = Field(default=None, ge=0)
+    gpu_index: int | None = Field(default=None, ge=0, le=GPU_INDEX_MAX)
     ts: float = Field(gt=0, json_schema_extra=TS, description="collective start on this rank, epoch seconds")
     compute_us: float = Field(ge=0, description="compute time since this rank's previous collective")
     collective_us: float = Field(ge=0, description="time inside the collective, waiting included")
@@ -109,14 +110,14 @@ class NcclStep(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job: str = Field(min_length=1, json_schema_extra=LC)
+    job: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
     world_size: int = Field(ge=1, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
-    host: str = Field(min_length=1, json_schema_extra=LC)
-    collective: str = Field(json_schema_extra=LC, description="AllReduce, AllGather, ReduceScatter, ...")
+    host: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
+    collective: str = Field(max_length=ID_MAX, json_schema_extra=LC, description="AllReduce, AllGather, ReduceScatter, ...")
     seq: int = Field(ge=0, description="collective sequence number within the job's communicator")
     bytes: int = Field(ge=0)
     source: Literal["inspector", "api", "nccl-tests", "simulator"] = "api"
-    ranks: list[RankTiming] = Field(min_length=1)
+    ranks: list[RankTiming] = Field(min_length=1, max_length=MAX_GPUS)
 
     lean_checks: ClassVar[tuple] = (ranks_in_world,)
 

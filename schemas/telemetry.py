@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.columns import ch
+from schemas.limits import GPU_INDEX_MAX, ID_MAX, MAX_GPUS, NAME_MAX
 
 SCHEMA_VERSION = 1
 
@@ -16,10 +18,10 @@ class GpuReading(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    index: int = Field(ge=0, le=255, json_schema_extra=ch("UInt8"))
-    uuid: str = Field(min_length=1)
-    pci_bus_id: str = Field(min_length=1, json_schema_extra=ch("LowCardinality(String)"))
-    model: str | None = Field(default=None, json_schema_extra=ch("LowCardinality(Nullable(String))"))
+    index: int = Field(ge=0, le=GPU_INDEX_MAX, json_schema_extra=ch("UInt8"))
+    uuid: str = Field(min_length=1, max_length=ID_MAX)
+    pci_bus_id: str = Field(min_length=1, max_length=ID_MAX, json_schema_extra=ch("LowCardinality(String)"))
+    model: str | None = Field(default=None, max_length=ID_MAX, json_schema_extra=ch("LowCardinality(Nullable(String))"))
     # utilisation
     gpu_util_pct: float | None = Field(default=None, ge=0, le=100)
     mem_util_pct: float | None = Field(default=None, ge=0, le=100)
@@ -64,7 +66,18 @@ class GpuReading(BaseModel):
     last_xid: int | None = Field(default=None, ge=0)
     recovery_action: int | None = Field(default=None, ge=0, le=7, description="nvmlDeviceGpuRecoveryAction_t")
     mig_enabled: bool | None = Field(default=None, description="MIG mode (per-instance metrics are not in this row)")
-    unsupported: list[str] = Field(default_factory=list, description="fields this GPU cannot report")
+    unsupported: list[str] = Field(default_factory=list, max_length=64, description="fields this GPU cannot report")
+
+
+def unique_gpu_indices(s: Mapping[str, Any]) -> str | None:
+    """A GPU appears once per sample: two readings for one index would be two rows with one key, and the rules
+    would take the second for the first GPU's next reading."""
+    seen: set[int] = set()
+    for g in s["gpus"]:
+        if g["index"] in seen:
+            return f"gpus: index {g['index']} appears twice"
+        seen.add(g["index"])
+    return None
 
 
 class HostSample(BaseModel):
@@ -73,12 +86,23 @@ class HostSample(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: Literal[1] = Field(default=SCHEMA_VERSION, json_schema_extra=ch("UInt8"))
-    host: str = Field(min_length=1, json_schema_extra=ch("LowCardinality(String)"))
-    rack: str = Field(default="", json_schema_extra=ch("LowCardinality(String)"))
-    cluster: str = Field(default="", json_schema_extra=ch("LowCardinality(String)"))
-    job: str | None = Field(default=None, json_schema_extra=ch("LowCardinality(Nullable(String))"))
+    host: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=ch("LowCardinality(String)"))
+    rack: str = Field(default="", max_length=NAME_MAX, json_schema_extra=ch("LowCardinality(String)"))
+    cluster: str = Field(default="", max_length=NAME_MAX, json_schema_extra=ch("LowCardinality(String)"))
+    job: str | None = Field(default=None, max_length=NAME_MAX,
+                            json_schema_extra=ch("LowCardinality(Nullable(String))"))
     ts: float = Field(gt=0, description="sample time, epoch seconds", json_schema_extra=ch("DateTime64(3, 'UTC')"))
     seq: int = Field(ge=0, description="per-host sample sequence number", json_schema_extra=ch("UInt64"))
     source: Literal["nvml", "dcgm", "simulator"] = "nvml"
-    driver_version: str | None = Field(default=None, json_schema_extra=ch("LowCardinality(Nullable(String))"))
-    gpus: list[GpuReading]
+    driver_version: str | None = Field(default=None, max_length=ID_MAX,
+                                       json_schema_extra=ch("LowCardinality(Nullable(String))"))
+    gpus: list[GpuReading] = Field(max_length=MAX_GPUS)
+
+    lean_checks: ClassVar[tuple] = (unique_gpu_indices,)  # cross-field rules, shared with schemas/validate.py
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> HostSample:
+        for check in self.lean_checks:
+            if (reason := check({"gpus": [{"index": g.index} for g in self.gpus]})) is not None:
+                raise ValueError(reason)
+        return self

@@ -43,9 +43,16 @@ def by_uuid(scrape, uuid):
     return next(g for g in scrape.sample.gpus if g.uuid == uuid)
 
 
+def of_host(text: str, hostname: str) -> str:
+    """The lines of one exporter host (Datadog's T4 fixture holds two hosts' scrapes, both GPUs labelled gpu="0")."""
+    return "\n".join(line for line in text.splitlines() if f'Hostname="{hostname}"' in line)
+
+
 def test_t4_scrape_values_match_the_text(sample_text):
-    scrape = parse(sections(sample_text)[0])
-    assert [g.uuid for g in scrape.sample.gpus] == sorted([T4_A, T4_B])
+    both = parse(sections(sample_text)[0])
+    assert [g.uuid for g in both.sample.gpus] == [T4_A] and both.skipped == {"duplicate_index": 1}
+    scrape = parse(of_host(sections(sample_text)[0], "424773df46e0"))
+    assert [g.uuid for g in scrape.sample.gpus] == [T4_A]
     a = by_uuid(scrape, T4_A)
     assert (a.index, a.model, a.sm_clock_mhz, a.mem_clock_mhz, a.gpu_temp_c) == (0, "Tesla T4", 300, 405, 25)
     assert a.power_w == 8.969 and a.energy_mj == 128996013 and a.pcie_replay_count == 0
@@ -53,13 +60,14 @@ def test_t4_scrape_values_match_the_text(sample_text):
     assert a.mem_total_mib == 15109  # FB_USED + FB_FREE when FB_TOTAL is not exported
     assert a.last_xid is None  # DCGM_FI_DEV_XID_ERRORS 0 = no XID since start
     assert a.pci_bus_id == "unknown"  # this exporter version emits no pci_bus_id label
-    b = by_uuid(scrape, T4_B)
-    assert (b.throttle_reasons, b.slowdown_temp_c, b.mem_total_mib) == (1, 93, 15109)
-    assert b.power_limit_w is None  # POWER_MGMT_LIMIT is the requested limit, not the enforced one
-    assert scrape.other[T4_B] == {"DCGM_FI_DEV_POWER_MGMT_LIMIT": 70.0, "DCGM_FI_DEV_PSTATE": 8.0}
     assert scrape.other[T4_A]["DCGM_FI_DEV_FB_FREE"] == 15109
     assert scrape.sample.driver_version == "460.106.00" and scrape.sample.source == "dcgm"
     assert scrape.pods == {} and scrape.skipped == {}
+    other = parse(of_host(sections(sample_text)[0], "551bdf382151"))
+    b = by_uuid(other, T4_B)
+    assert (b.index, b.throttle_reasons, b.slowdown_temp_c, b.mem_total_mib) == (0, 1, 93, 15109)
+    assert b.power_limit_w is None  # POWER_MGMT_LIMIT is the requested limit, not the enforced one
+    assert other.other[T4_B] == {"DCGM_FI_DEV_POWER_MGMT_LIMIT": 70.0, "DCGM_FI_DEV_PSTATE": 8.0}
 
 
 def test_a30_mig_rows_fold_into_their_gpu(sample_text):
@@ -90,8 +98,14 @@ def test_l40s_three_gpus_with_pci_ids_and_pods(sample_text):
 
 
 def test_whole_file_parses_every_gpu(sample_text):
-    scrape = parse(sample_text)
-    assert len(scrape.sample.gpus) == 8 and scrape.skipped == {}
+    t4, *others = sections(sample_text)
+    scrapes = [parse(of_host(t4, name)) for name in ("424773df46e0", "551bdf382151")] + [parse(s) for s in others]
+    assert sum(len(s.sample.gpus) for s in scrapes) == 8 and all(s.skipped == {} for s in scrapes)
+
+
+def test_scrapes_of_several_hosts_run_together_keep_one_gpu_per_index(sample_text):
+    scrape = parse(sample_text)  # five hosts' scrapes as if one exporter printed them: indices 0, 1 and 2 repeat
+    assert [g.index for g in scrape.sample.gpus] == [0, 1, 2] and scrape.skipped == {"duplicate_index": 5}
 
 
 @pytest.mark.parametrize("value, expect_unsupported", [
