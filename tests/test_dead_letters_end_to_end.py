@@ -13,7 +13,7 @@ from schemas.provision import ensure_topics
 from core.settings import CommonSettings, load
 from schemas.codec import encode
 from schemas.dead_letter import original
-from schemas.topics import NCCL, SAMPLES, TOPICS, XID
+from schemas.topics import FAULTS, NCCL, SAMPLES, TOPICS, XID
 from tests.streams.helpers import gpu, sample
 from tests.conftest import _free_port
 from tests.pipeline import worker_and_sink
@@ -41,12 +41,18 @@ def bad_records(t0: float) -> dict:
     def gpu0(**fields):
         return orjson.dumps({**s, "gpus": [{**s["gpus"][0], **fields}] + s["gpus"][1:]})
 
+    crowd = [{"index": i % 256, "uuid": f"GPU-{i}", "pci_bus_id": "0000:18:00.0"} for i in range(10_000)]
     return {
         SAMPLES: [(gpu0(power_w="450"), "$.gpus[0].power_w"), (orjson.dumps({**s, "ts": -5}), "$.ts"),
                   (gpu0(gpu_temp_c=True), "$.gpus[0].gpu_temp_c"), (gpu0(index=256), "$.gpus[0].index"),
-                  (b"{not json", "not JSON")],
+                  (b"{not json", "not JSON"),
+                  # size and shape: a 10,000-GPU sample (~0.6 MB), two readings for one GPU, a 300-character host, and
+                  # 0.9 MB that is not JSON (its whole copy would not fit a dead letter: the producer's limit is 1 MB)
+                  (orjson.dumps({**s, "gpus": crowd}), "length <= 256 - at `$.gpus`"),
+                  (orjson.dumps({**s, "gpus": [s["gpus"][0], s["gpus"][0]]}), "index 0 appears twice"),
+                  (orjson.dumps({**s, "host": "h" * 300}), "$.host"), (b"{" + b"x" * 900_000, "not JSON")],
         XID: [(orjson.dumps({**x, "code": "79"}), "$.code"), (orjson.dumps({**x, "ts": -5}), "$.ts"),
-              (orjson.dumps({**x, "code": 2**40}), "$.code")],
+              (orjson.dumps({**x, "code": 2**40}), "$.code"), (orjson.dumps({**x, "gpu_index": 256}), "$.gpu_index")],
         NCCL: [(orjson.dumps({**t, "rank": 4}), "rank 4 is not below world_size 4"),
                (orjson.dumps({**t, "compute_us": "900"}), "$.compute_us"), (orjson.dumps({**t, "seq": True}), "$.seq")],
     }
@@ -63,6 +69,10 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
         await produce(kafka_bootstrap, topic.full(topic_prefix), [(r[topic.key].encode(), encode(r)) for r in records])
         sent = await produce(kafka_bootstrap, topic.full(topic_prefix), [(b"h0", raw) for raw, _ in bad[topic]])
         where[topic] = {(m.partition, m.offset): why for m, (_, why) in zip(sent, bad[topic])}
+    # A fault after the bad records: every stage that read them must still be working to turn it into a fault event.
+    after = {"host": "h2", "ts": t0 + 20, "code": 79, "gpu_index": 5, "message": "GPU has fallen off the bus."}
+    await produce(kafka_bootstrap, XID.full(topic_prefix), [(b"h2", orjson.dumps(after))])
+    good[XID].append(after)
 
     async def settled() -> bool:
         """Every bad record refused by the worker's stages and dead-lettered by the sink; every good one stored."""
@@ -74,14 +84,20 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
         return refused and stored and all(stats[n].dead_letters == len(bad[t]) for n, t in
                                           (("gpu_samples", SAMPLES), ("xid_events", XID), ("nccl_timings", NCCL)))
 
+    async def fault_of(host: str, code: str) -> list[dict]:
+        records = await read_all(kafka_bootstrap, FAULTS.full(topic_prefix), FAULTS.partitions)
+        return [f for f in map(orjson.loads, (r.value for r in records)) if (f["host"], f["code"]) == (host, code)]
+
     log, port = tmp_path / "worker.log", _free_port()
     async with worker_and_sink(log, env={"FLEETPULSE_STREAMS_METRICS_PORT": str(port)}) as sink:
         await wait_for("every record refused, stored or dead-lettered", settled, 120, log)
+        faults = await wait_for("the fault after the bad records", lambda: fault_of("h2", "xid:79"), 30, log)
         scrape = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
     # The worker counted each refused sample once, whatever number of its stages read the samples topic.
     assert f'fleetpulse_topic_refused_total{{topic="{SAMPLES.full(topic_prefix)}"}} {len(bad[SAMPLES]) * 1.0}' \
         in scrape.decode()
     assert 'fleetpulse_stage_received_total{stage="power_thermal"}' in scrape.decode()
+    assert faults[0]["gpu_index"] == 5
 
     for topic in TOPICS.values():
         letters = [original(r.value) for r in await read_all(kafka_bootstrap, topic.dlq(topic_prefix), 1)]
@@ -91,3 +107,4 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
         for facts, raw in letters:
             assert facts["component"] == "sink" and facts["source_topic"] == topic.full(topic_prefix)
             assert expected[(facts["partition"], facts["offset"])] in facts["reason"], facts
+            assert facts["truncated"] == (facts["value_bytes"] > 256 * 1024) and len(raw) <= 256 * 1024
