@@ -18,11 +18,13 @@ class BrokerError(FleetpulseError):
 
 
 class StoreError(FleetpulseError):
-    """A ClickHouse write or schema check failed."""
+    """A ClickHouse write or schema check failed. `bad_rows`: the store refused some of the rows themselves (a value
+    a column cannot hold, a constraint), so the records behind them can be found and set aside."""
 
-    def __init__(self, message: str, *, retryable: bool = False):
+    def __init__(self, message: str, *, retryable: bool = False, bad_rows: bool = False):
         super().__init__(message)
         self.retryable = retryable
+        self.bad_rows = bad_rows
 
 
 class DecodeError(FleetpulseError):

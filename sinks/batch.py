@@ -1,11 +1,23 @@
-"""Per-table row batches that remember which Kafka offsets they cover."""
+"""Per-table row batches that remember which Kafka offsets they cover, and which record each row came from."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from schemas.tables import Table
+
+
+class Entry(NamedTuple):
+    """One record's rows in the batch: where it came from and its bytes, should the store refuse it."""
+
+    partition: int
+    offset: int
+    start: int  # its rows are batch.rows[start:end]
+    end: int
+    value: bytes | None
+    key: bytes | None
 
 
 @dataclass
@@ -16,6 +28,7 @@ class Batch:
     topic: str  # the topic's name on the cluster (prefix included)
     rows: list[tuple] = field(default_factory=list)
     ranges: dict[int, list[int]] = field(default_factory=dict)
+    entries: list[Entry] = field(default_factory=list)  # records with rows, in the order they came
     opened: float | None = None
 
     def cover(self, partition: int, offset: int) -> None:
@@ -28,8 +41,11 @@ class Batch:
         if self.opened is None:
             self.opened = time.monotonic()
 
-    def add(self, partition: int, offset: int, rows: list[tuple]) -> None:
-        self.rows.extend(rows)
+    def add(self, partition: int, offset: int, rows: list[tuple], value: bytes | None = None,
+            key: bytes | None = None) -> None:
+        if rows:
+            self.entries.append(Entry(partition, offset, len(self.rows), len(self.rows) + len(rows), value, key))
+            self.rows.extend(rows)
         self.cover(partition, offset)
 
     def due(self, max_rows: int, max_age_s: float) -> bool:
@@ -43,7 +59,19 @@ class Batch:
 
     def token(self) -> str:
         """Deduplication token: topic plus the exact offset range of every partition in the batch."""
-        spans = ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(self.ranges.items()))
+        return self._token(self.ranges)
+
+    def segment_token(self, entries: list[Entry]) -> str:
+        """The token of an insert of some of the batch's records (the store refused the whole batch): distinct from
+        the whole batch's, and the same for the same records whenever the batch is split again."""
+        spans: dict[int, list[int]] = {}
+        for e in entries:
+            span = spans.setdefault(e.partition, [e.offset, e.offset])
+            span[0], span[1] = min(span[0], e.offset), max(span[1], e.offset)
+        return self._token(spans) + f"|{len(entries)} records"
+
+    def _token(self, ranges: dict[int, list[int]]) -> str:
+        spans = ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(ranges.items()))
         return f"{self.topic}|{spans}"
 
     def next_offsets(self) -> dict[int, int]:
@@ -53,4 +81,5 @@ class Batch:
     def reset(self) -> None:
         self.rows = []
         self.ranges = {}
+        self.entries = []
         self.opened = None

@@ -15,7 +15,7 @@ from schemas.provision import ensure_topics
 from schemas.dead_letter import dead_letter
 from schemas.tables import TABLES, Table
 from sinks import store
-from sinks.batch import Batch
+from sinks.batch import Batch, Entry
 from sinks.settings import SinkSettings
 
 log = logging.getLogger("fleetpulse.sink")
@@ -29,6 +29,7 @@ class TableStats:
     dead_letters: int = 0
     last_insert_ms: float = 0.0
     already_stored: int = 0  # replayed records at or below the stored watermark: skipped, still committed
+    split_batches: int = 0  # batches the store refused whole, inserted in parts around the records at fault
 
 
 @dataclass
@@ -149,20 +150,21 @@ class ClickHouseSink:
             try:
                 rows = batch.table.rows(batch.table.topic.decode(rec.value), tp.partition, rec.offset, rec.timestamp)
             except DecodeError as exc:
-                await self.send_dead_letter(tp, rec, str(exc))
+                await self.send_dead_letter(tp.topic, tp.partition, rec.offset, rec.value, rec.key, str(exc))
                 stats.dead_letters += 1
                 batch.cover(tp.partition, rec.offset)
                 continue
-            batch.add(tp.partition, rec.offset, rows)
+            batch.add(tp.partition, rec.offset, rows, rec.value, rec.key)
             if len(batch.rows) >= self.settings.sink_batch_max_rows:
                 await self.flush(batch)
 
-    async def send_dead_letter(self, tp: TopicPartition, rec, reason: str) -> None:
-        key, value, headers = dead_letter(rec.value, key=rec.key, reason=reason, topic=tp.topic,
-                                          partition=tp.partition, offset=rec.offset, component="sink")
-        base = self.by_topic[tp.topic].topic
+    async def send_dead_letter(self, topic: str, partition: int, offset: int, value: bytes | None, key: bytes | None,
+                               reason: str) -> None:
+        key, value, headers = dead_letter(value, key=key, reason=reason, topic=topic, partition=partition,
+                                          offset=offset, component="sink")
+        base = self.by_topic[topic].topic
         await self.producer.send_and_wait(base.dlq(self.settings.topic_prefix), value, key=key, headers=headers)
-        log.warning("dead-lettered %s[%d]@%d: %s", tp.topic, tp.partition, rec.offset, reason)
+        log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, reason)
 
     async def flush(self, batch: Batch) -> None:
         """Insert the batch (retrying what is retryable), then commit its offsets."""
@@ -171,19 +173,57 @@ class ClickHouseSink:
         stats = self.stats.tables[batch.table.name]
         if batch.rows:
             began = time.perf_counter()
-            await self.insert_with_retry(batch)
+            stats.rows += await self.insert_batch(batch)
             stats.last_insert_ms = round((time.perf_counter() - began) * 1000, 2)
-            stats.rows += len(batch.rows)
             stats.batches += 1
         offsets = {TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()}
         batch.reset()
         await self.consumer.commit(offsets)
 
-    async def insert_with_retry(self, batch: Batch) -> None:
-        token = batch.token()
+    async def insert_batch(self, batch: Batch) -> int:
+        """Insert the batch; the rows stored. When the store refuses rows of it (a value a column cannot hold, a
+        constraint, too many partitions at once), the records behind them are found by halving and dead-lettered and
+        the rest stored, so one poison pill never stops the topic."""
+        try:
+            await self.insert_with_retry(batch, batch.rows, batch.token())
+            return len(batch.rows)
+        except StoreError as exc:
+            if not exc.bad_rows:
+                raise
+            log.warning("%s refused rows of a batch of %d records (%s); finding the records at fault",
+                        batch.table.name, len(batch.entries), exc)
+            self.stats.tables[batch.table.name].split_batches += 1
+            refused = await self.isolate(batch, batch.entries, exc)
+        if len(refused) == len(batch.entries) > 1:
+            log.error("%s refused every one of %d records (%s): the table itself may be at fault; they are in %s",
+                      batch.table.name, len(refused), exc, batch.table.topic.dlq(self.settings.topic_prefix))
+        return len(batch.rows) - sum(e.end - e.start for e in refused)
+
+    async def isolate(self, batch: Batch, entries: list[Entry], exc: StoreError) -> list[Entry]:
+        """`entries` (whose insert failed with `exc`) halved until each failing record stands alone: its dead letter
+        goes out, the halves that insert are stored. In order, so what is stored of a partition is always a prefix of
+        the batch's records (the resume watermark, the highest stored offset, stays true across a crash)."""
+        if len(entries) == 1:
+            e = entries[0]
+            await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key, f"the store refused it: {exc}")
+            self.stats.tables[batch.table.name].dead_letters += 1
+            return [e]
+        refused: list[Entry] = []
+        mid = len(entries) // 2
+        for half in (entries[:mid], entries[mid:]):
+            try:
+                await self.insert_with_retry(batch, batch.rows[half[0].start:half[-1].end], batch.segment_token(half))
+            except StoreError as sub:
+                if not sub.bad_rows:
+                    raise
+                refused += await self.isolate(batch, half, sub)
+        return refused
+
+    async def insert_with_retry(self, batch: Batch, rows: list[tuple], token: str) -> None:
         for attempt in range(self.settings.sink_insert_retries + 1):
             try:
-                await self.db(store.insert, self.client, batch.table.name, batch.table.column_names, batch.rows, token)
+                await self.db(store.insert, self.client, batch.table.name, batch.table.column_names, rows, token,
+                              self.settings.sink_max_partitions_per_insert)
                 return
             except StoreError as exc:
                 if not exc.retryable or attempt == self.settings.sink_insert_retries:

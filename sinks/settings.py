@@ -16,4 +16,7 @@ class SinkSettings(CommonSettings):
     sink_fetch_max_records: int = Field(default=5_000, ge=1)
     sink_tables: list[str] | None = Field(default=None, description="tables to feed; default all")
     sink_insert_retries: int = Field(default=8, ge=0)
+    sink_max_partitions_per_insert: int = Field(
+        default=1000, ge=1, description="day partitions one insert may touch (ClickHouse's default 100 stopped a batch "
+                                        "of XIDs spanning months); a batch over it is inserted in parts")
     sink_serve_queries: bool = Field(default=True, description="answer SQL on query_port (embedded store)")

@@ -6,7 +6,7 @@ import re
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
 from core.errors import StoreError
 from core.settings import CommonSettings
@@ -15,6 +15,12 @@ from schemas.tables import TABLES
 
 # Error codes worth retrying: timeouts, too many parts/simultaneous queries, memory, network, readonly replica.
 RETRYABLE_CODES = {159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999}
+# Errors about the rows themselves: no retry mends them, but the other rows of the insert can still be stored.
+# CANNOT_PARSE_*, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND, CANNOT_CONVERT_TYPE, INCORRECT_DATA, TOO_LARGE_STRING_SIZE,
+# VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE, CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN, VIOLATED_CONSTRAINT.
+BAD_ROW_CODES = {6, 27, 38, 41, 53, 69, 70, 72, 117, 131, 321, 349, 469}
+# Code 252 is also "too many parts", which waiting mends; this one only a smaller insert does.
+TOO_MANY_PARTITIONS = "Too many partitions for single INSERT block"
 
 # Explicit on every insert: ClickHouse >= 26.2 changed the defaults (async inserts, deduplication).
 INSERT_SETTINGS = {
@@ -107,11 +113,14 @@ def watermarks(client: Client) -> dict[tuple[str, int], int]:
     return {(topic, int(part)): int(off) for topic, part, off in rows}
 
 
-def insert(client: Client, table: str, column_names: list[str], rows: list[tuple], token: str) -> None:
-    """One durable insert; the token makes a retried or replayed batch a no-op."""
+def insert(client: Client, table: str, column_names: list[str], rows: list[tuple], token: str,
+           max_partitions: int = 1000) -> None:
+    """One durable insert; the token makes a retried or replayed batch a no-op. Tables are partitioned by day: past
+    `max_partitions` days in one insert ClickHouse refuses it (code 252), and the caller inserts it in parts."""
     try:
         client.insert(table, rows, column_names=column_names,
-                      settings={**INSERT_SETTINGS, "insert_deduplication_token": token})
+                      settings={**INSERT_SETTINGS, "insert_deduplication_token": token,
+                                "max_partitions_per_insert_block": max_partitions})
     except Exception as exc:
         raise as_store_error(exc, f"insert into {table} failed") from exc
 
@@ -133,6 +142,8 @@ def as_store_error(exc: Exception, context: str) -> StoreError:
     if isinstance(exc, StoreError):
         return exc
     code = getattr(exc, "code", None)
+    if isinstance(exc, DataError) or code in BAD_ROW_CODES or (code == 252 and TOO_MANY_PARTITIONS in str(exc)):
+        return StoreError(f"{context}: {exc}", bad_rows=True)  # DataError: the client could not encode a value
     retryable = isinstance(exc, OperationalError) or code in RETRYABLE_CODES
     if isinstance(exc, DatabaseError) and code is not None and code not in RETRYABLE_CODES:
         retryable = False

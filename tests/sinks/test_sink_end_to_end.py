@@ -13,8 +13,9 @@ from schemas.provision import ensure_topics
 from core.settings import load
 from schemas.codec import encode
 from schemas.dead_letter import original
+from schemas.events import XidEvent
 from schemas.telemetry import GpuReading, HostSample
-from schemas.topics import SAMPLES
+from schemas.topics import SAMPLES, XID
 from sinks import store
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
@@ -140,3 +141,65 @@ async def test_live_table_drift_stops_the_sink_at_start(settings):
 
     with pytest.raises(StoreError, match="gpu_samples"):
         await run_sink(ClickHouseSink(settings), asyncio.Event())
+
+
+async def read_dead_letters(settings: SinkSettings, topic) -> list[tuple[dict, bytes | None]]:
+    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic.dlq(settings.topic_prefix), 0)
+        consumer.assign([tp])
+        batch = await consumer.getmany(tp, timeout_ms=5_000)
+        return [original(r.value) for r in batch.get(tp, [])]
+    finally:
+        await consumer.stop()
+
+
+async def test_a_record_the_store_refuses_is_dead_lettered_once_and_the_rest_of_its_batch_is_stored(settings):
+    # A constraint the operator added: the real engine refuses the rows that break it, whole inserts at a time.
+    client = store.connect(settings)
+    store.apply_schema(client, settings)
+    client.command("ALTER TABLE gpu_samples ADD CONSTRAINT no_999_watts CHECK power_w IS NULL OR power_w != 999")
+    now = time.time()
+    good = [sample(h, s, now) for s in range(6) for h in range(10)]
+    bad = [sample(20 + k, 0, now) for k in range(3)]
+    for k, s in enumerate(bad):
+        s.gpus[k].power_w = 999.0
+    await produce(settings, good[:20] + bad[:1] + good[20:40] + bad[1:] + good[40:])
+    slow = settings.model_copy(update={"sink_batch_max_seconds": 5.0})  # all of it in one or two batches
+
+    sink = await sink_until(slow, lambda s: s.stats.tables["gpu_samples"].rows >= len(good) * 8
+                            and s.stats.tables["gpu_samples"].dead_letters >= len(bad))
+    stats = sink.stats.tables["gpu_samples"]
+    assert (stats.rows, stats.dead_letters) == (len(good) * 8, len(bad)) and stats.split_batches >= 1
+    assert rows_in(settings, "SELECT count(), uniqExact(host, seq) FROM gpu_samples") == [(len(good) * 8, len(good))]
+    letters = await read_dead_letters(settings, SAMPLES)
+    assert sorted(HostSample.model_validate_json(raw).host for _, raw in letters) == ["h020", "h021", "h022"]
+    assert all("VIOLATED_CONSTRAINT" in facts["reason"] and facts["component"] == "sink" for facts, _ in letters)
+    # A restart stores nothing twice and dead-letters nothing again.
+    again = await sink_until(slow, lambda s: False, timeout=4)
+    assert again.stats.tables["gpu_samples"].dead_letters == 0 and again.stats.tables["gpu_samples"].rows == 0
+    assert rows_in(settings, "SELECT count() FROM gpu_samples") == [(len(good) * 8,)]
+
+
+async def test_xids_spanning_more_days_than_one_insert_may_touch_are_all_stored(settings):
+    # One valid XID per day for 150 days: past the partitions one insert may take (ClickHouse's default 100 used to
+    # stop the sink for good); the sink inserts such a batch in parts.
+    await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
+    day, start = 86_400.0, time.time() - 200 * 86_400.0
+    xids = [XidEvent(host="h1", ts=start + k * day, code=79, gpu_index=k % 8, message="fell off the bus")
+            for k in range(150)]
+    producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for x in xids:
+            await producer.send(XID.full(settings.topic_prefix), encode(x), key=b"h1", partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    few = settings.model_copy(update={"sink_batch_max_seconds": 5.0, "sink_max_partitions_per_insert": 40,
+                                      "sink_tables": ["xid_events"]})
+    sink = await sink_until(few, lambda s: s.stats.tables["xid_events"].rows >= len(xids))
+    stats = sink.stats.tables["xid_events"]
+    assert (stats.rows, stats.dead_letters) == (len(xids), 0) and stats.split_batches >= 1
+    assert rows_in(settings, "SELECT count(), uniqExact(toDate(ts)) FROM xid_events") == [(150, 150)]
