@@ -41,7 +41,7 @@ def connect(settings: CommonSettings) -> Client:
             bootstrap.close()
         return client
     except Exception as exc:
-        raise as_store_error(exc, f"cannot open ClickHouse at {_redact(dsn)}") from exc
+        raise as_store_error(exc, f"cannot open ClickHouse at {redact(dsn)}") from exc
 
 
 def apply_schema(client: Client, settings: CommonSettings) -> None:
@@ -150,8 +150,17 @@ def as_store_error(exc: Exception, context: str) -> StoreError:
     return StoreError(f"{context}: {exc}", retryable=retryable)
 
 
-def _redact(dsn: str) -> str:
-    if "@" in dsn and "://" in dsn:
-        scheme, rest = dsn.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return dsn
+def redact(dsn: str) -> str:
+    """The URL with its user, password and any secret-looking query parameter replaced by ***: a password may hold an
+    '@' (only the last one ends the user part) or come as ?password=…."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep:
+        return dsn
+    netloc, slash, tail = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    tail = _SECRET_PARAM.sub(lambda m: m.group(1) + "***", tail)
+    return f"{scheme}://{netloc}{slash}{tail}"
+
+
+_SECRET_PARAM = re.compile(r"((?:^|[?&;])[^=&;]*(?:password|passwd|secret|token|key)[^=&;]*=)[^&;]*", re.IGNORECASE)

@@ -17,3 +17,4 @@ def test_token_and_commit_offsets_cover_rows_and_dead_letters():
     assert batch.due(max_rows=4, max_age_s=0.0)
     batch.reset()
     assert batch.empty and batch.rows == [] and batch.next_offsets() == {}
+
