@@ -38,6 +38,7 @@ class CommonSettings(BaseSettings):
     clickhouse_database: str = Field(default="default", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
     query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
+    query_token: SecretStr | None = Field(default=None, description="bearer token the query endpoint requires")
 
     @field_validator("kafka_security_protocol")
     @classmethod

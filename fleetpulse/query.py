@@ -15,18 +15,27 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("sql", help="one SQL statement; rows print tab-separated, like clickhouse-client")
 
 
-def ask_owner(settings: CommonSettings, sql: str, timeout: float = 30) -> bytes | None:
-    """Ask the running sink to run the query; None when no process serves the store."""
+def ask_owner(settings: CommonSettings, sql: str, timeout: float = 300) -> bytes | None:
+    """Ask the running sink to run the query; None only when no process listens on the query port. A sink that is
+    there but slow, or that refuses the statement, is an error here: opening the store it owns would only fail."""
+    headers = {"Authorization": f"Bearer {settings.query_token.get_secret_value()}"} if settings.query_token else {}
     request = urllib.request.Request(
-        f"http://127.0.0.1:{settings.query_port}/query", data=sql.encode(), method="POST"
+        f"http://127.0.0.1:{settings.query_port}/query", data=sql.encode(), method="POST", headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.read()
     except urllib.error.HTTPError as exc:
         raise StoreError(exc.read().decode(errors="replace").strip()) from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError):
+            return None
+        raise StoreError(f"the store's owner on port {settings.query_port} did not answer: {exc.reason}") from None
+    except ConnectionRefusedError:
         return None
+    except (TimeoutError, ConnectionError) as exc:
+        raise StoreError(f"the store's owner on port {settings.query_port} did not answer in {timeout:g} s: "
+                         f"{exc!r}") from None
 
 
 def query(settings: CommonSettings, sql: str) -> bytes:

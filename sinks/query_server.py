@@ -1,20 +1,33 @@
-"""HTTP endpoint of the process that owns the embedded store: SQL in, tab-separated rows out; plus /status."""
+"""HTTP endpoint of the process that owns the embedded store: SQL in, rows out (read-only, sinks/query_guard.py);
+plus /status. Loopback by default; bound elsewhere, every request must carry the configured bearer token."""
 
 from __future__ import annotations
+
+import hmac
 
 import orjson
 from aiohttp import web
 
+from sinks.query_guard import QueryRefused
 from sinks.runner import ClickHouseSink
 
 
 def make_app(sink: ClickHouseSink) -> web.Application:
+    token = sink.settings.query_token.get_secret_value() if sink.settings.query_token is not None else None
+
+    @web.middleware
+    async def authorised(request: web.Request, handler):
+        given = request.headers.get("Authorization", "")
+        if token is not None and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return web.Response(status=401, text="a bearer token is required (FLEETPULSE_QUERY_TOKEN)\n")
+        return await handler(request)
+
     async def query(request: web.Request) -> web.Response:
-        sql = (await request.text()).strip()
-        if not sql:
-            return web.Response(status=400, text="empty query\n")
+        sql = await request.text()
         try:
             body = await sink.query(sql)
+        except QueryRefused as exc:
+            return web.Response(status=exc.status, text=f"refused: {exc}\n")
         except Exception as exc:  # the caller gets ClickHouse's message, like clickhouse-client prints it
             return web.Response(status=500, text=f"{exc}\n")
         return web.Response(body=body, content_type="text/tab-separated-values")
@@ -22,15 +35,15 @@ def make_app(sink: ClickHouseSink) -> web.Application:
     async def status(_: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(sink.stats.as_dict()), content_type="application/json")
 
-    app = web.Application()
+    app = web.Application(middlewares=[authorised], client_max_size=1024 * 1024)
     app.router.add_post("/query", query)
     app.router.add_get("/status", status)
     return app
 
 
 async def serve(sink: ClickHouseSink, port: int) -> web.AppRunner:
-    """Start serving on 127.0.0.1:port; the caller cleans up the returned runner."""
+    """Start serving on the settings' query_host (loopback by default):port; the caller cleans up the runner."""
     runner = web.AppRunner(make_app(sink), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.TCPSite(runner, sink.settings.query_host, port).start()
     return runner

@@ -16,6 +16,7 @@ from schemas.dead_letter import dead_letter
 from schemas.tables import TABLES, Table
 from sinks import store
 from sinks.batch import Batch, Entry
+from sinks.query_guard import QueryLimits
 from sinks.settings import SinkSettings
 
 log = logging.getLogger("fleetpulse.sink")
@@ -237,8 +238,12 @@ class ClickHouseSink:
             await self.flush(batch)
 
     async def query(self, sql: str) -> bytes:
-        """Run SQL on the sink's own store (the one process allowed to open an embedded store)."""
-        return await self.db(store.run_sql, self.client, sql)
+        """An analyst's read-only statement on the sink's own store (the one process allowed to open an embedded
+        store), within the settings' limits. It runs between inserts, on the store's one thread: the time limit is
+        also the longest an analyst's query can hold ingestion up."""
+        s = self.settings
+        limits = QueryLimits(s.query_max_rows, s.query_max_bytes, s.query_max_seconds, s.query_max_memory_mb << 20)
+        return await self.db(store.run_guarded, self.client, sql, limits)
 
     async def close(self) -> None:
         self.stats.ready = False

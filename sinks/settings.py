@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import ipaddress
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from core.settings import CommonSettings
 
@@ -20,3 +22,22 @@ class SinkSettings(CommonSettings):
         default=1000, ge=1, description="day partitions one insert may touch (ClickHouse's default 100 stopped a batch "
                                         "of XIDs spanning months); a batch over it is inserted in parts")
     sink_serve_queries: bool = Field(default=True, description="answer SQL on query_port (embedded store)")
+    # The query endpoint (sinks/query_guard.py): read-only statements within these limits.
+    query_host: str = Field(default="127.0.0.1", description="address the query endpoint listens on; any but "
+                                                              "loopback needs FLEETPULSE_QUERY_TOKEN")
+    query_max_rows: int = Field(default=1_000_000, ge=1, description="rows one answer may hold")
+    query_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description="bytes one answer may hold")
+    query_max_seconds: float = Field(default=30.0, gt=0, le=3600, description="longest query (ingestion waits it)")
+    query_max_memory_mb: int = Field(default=2048, ge=16, description="memory one query may use")
+
+    @field_validator("query_host")
+    @classmethod
+    def _token_off_loopback(cls, value: str, info: ValidationInfo) -> str:
+        loopback = value == "localhost"
+        try:
+            loopback = loopback or ipaddress.ip_address(value).is_loopback
+        except ValueError:
+            pass
+        if not loopback and info.data.get("query_token") is None:
+            raise ValueError("an address other than loopback needs FLEETPULSE_QUERY_TOKEN (the endpoint answers SQL)")
+        return value

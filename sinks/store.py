@@ -12,6 +12,7 @@ from core.errors import StoreError
 from core.settings import CommonSettings
 from schemas.ddl import expected_columns, normalise_codec, statements
 from schemas.tables import TABLES
+from sinks.query_guard import QueryLimits, guarded, split
 
 # Error codes worth retrying: timeouts, too many parts/simultaneous queries, memory, network, readonly replica.
 RETRYABLE_CODES = {159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999}
@@ -125,16 +126,25 @@ def insert(client: Client, table: str, column_names: list[str], rows: list[tuple
         raise as_store_error(exc, f"insert into {table} failed") from exc
 
 
-_FORMAT_CLAUSE = re.compile(r"\s+FORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
-
-
 def run_sql(client: Client, sql: str) -> bytes:
     """Raw output of one statement: tab-separated unless the statement names its own FORMAT."""
-    sql = sql.strip().rstrip(";")
-    match = _FORMAT_CLAUSE.search(sql)
-    if match:
-        return client.raw_query(sql[: match.start()], fmt=match.group(1))
-    return client.raw_query(sql, fmt="TabSeparated")
+    body, fmt = split(sql)
+    return client.raw_query(body, fmt=fmt)
+
+
+def run_guarded(client: Client, sql: str, limits: QueryLimits) -> bytes:
+    """Raw output of one read-only statement within `limits` (sinks/query_guard.py), or QueryRefused / StoreError."""
+    def ast_of(statement: str) -> str:
+        try:
+            return client.raw_query(f"EXPLAIN AST {statement}", fmt="TabSeparated").decode()
+        except Exception as exc:
+            raise as_store_error(exc, "EXPLAIN AST failed") from exc
+
+    statement, fmt = guarded(ast_of, sql, limits)
+    try:
+        return client.raw_query(statement, fmt=fmt)
+    except Exception as exc:
+        raise as_store_error(exc, "query failed") from exc
 
 
 def as_store_error(exc: Exception, context: str) -> StoreError:

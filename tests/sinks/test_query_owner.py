@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import orjson
 import pytest
@@ -51,3 +52,88 @@ async def test_running_sink_serves_sql_and_status(settings_env):
         stop.set()
         await asyncio.wait_for(task, 30)
     assert await asyncio.to_thread(ask_owner, settings, "SELECT 1") is None  # nobody serves once it stopped
+
+
+HOSTILE = {  # statement -> what the refusal says (each was run for real against the endpoint before this guard)
+    "INSERT INTO gpu_samples (host) VALUES ('x')": "only SELECT",
+    "DROP TABLE gpu_samples": "only SELECT",
+    "ALTER TABLE gpu_samples DELETE WHERE 1": "only SELECT",
+    "CREATE TABLE evil (x UInt8) ENGINE = Memory": "only SELECT",
+    "SYSTEM FLUSH LOGS": "cannot parse|only SELECT",
+    "SET readonly = 0": "only SELECT",
+    "SELECT * FROM file('/etc/hostname', 'LineAsString')": "table function file\\(\\)",
+    "SELECT file('/etc/hostname')": "file\\(\\) is not answered",
+    "DESCRIBE TABLE file('/etc/hostname', 'LineAsString')": "table function file\\(\\)",
+    "SELECT * FROM url('http://127.0.0.1:1/', 'LineAsString')": "table function url\\(\\)",
+    "SELECT * FROM remote('127.0.0.1:9000', system.one)": "table function remote\\(\\)",
+    "SELECT count() FROM gpu_samples WHERE host IN (SELECT * FROM s3('http://x/y.csv'))": "table function s3\\(\\)",
+    "SELECT 1; DROP TABLE gpu_samples": "one statement per request",
+    "SELECT 1 INTO OUTFILE '/tmp/fleetpulse-outfile-test'": "SYNTAX_ERROR|Syntax error",
+}
+
+
+async def test_the_endpoint_answers_only_bounded_read_only_statements(settings_env):
+    settings = load(SinkSettings, sink_batch_max_seconds=0.2, query_port=free_port(), query_max_rows=1000)
+    now = time.time()
+    await produce(settings, [sample(h, s, now) for s in range(2) for h in range(3)])
+    stop = asyncio.Event()
+    sink = ClickHouseSink(settings)
+    task = asyncio.create_task(run_sink(sink, stop))
+
+    async def ask(sql: str) -> bytes:
+        return await asyncio.to_thread(ask_owner, settings, sql)
+
+    try:
+        deadline = time.monotonic() + 60
+        while sink.stats.tables["gpu_samples"].rows < 48 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await ask("WITH 2 AS k SELECT k * count() FROM gpu_samples -- a comment\n;") == b"96\n"
+        assert b"gpu_samples" in await ask("SHOW TABLES")
+        assert b"\npower_w\t" in await ask("DESCRIBE TABLE gpu_samples")
+        assert await ask("SELECT host FROM gpu_samples ORDER BY host LIMIT 1 FORMAT JSONEachRow") == b'{"host":"h000"}\n'
+        assert await ask("SELECT count() FROM numbers(10) WHERE number IN (SELECT * FROM numbers(3))") == b"3\n"
+        for sql, why in HOSTILE.items():
+            with pytest.raises(StoreError, match=why):
+                await ask(sql)
+        with pytest.raises(StoreError, match="TOO_MANY_ROWS|Limit for result exceeded"):
+            await ask("SELECT number FROM numbers(5000)")
+        assert await ask("SELECT count() FROM gpu_samples") == b"48\n"  # nothing was dropped or written
+        assert not Path("/tmp/fleetpulse-outfile-test").exists()
+        # the refusals left the engine's one session as it was: the sink still writes
+        await produce(settings, [sample(7, 0, now)])
+        deadline = time.monotonic() + 30
+        while sink.stats.tables["gpu_samples"].rows < 56 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await ask("SELECT count() FROM gpu_samples") == b"56\n"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def test_an_endpoint_off_loopback_needs_a_token(settings_env, monkeypatch):
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="query_host"):
+        load(SinkSettings, query_host="0.0.0.0")
+    monkeypatch.setenv("FLEETPULSE_QUERY_TOKEN", "t0ken")
+    assert load(SinkSettings, query_host="0.0.0.0").query_token.get_secret_value() == "t0ken"
+
+
+async def test_a_token_guards_the_endpoint_when_one_is_set(settings_env, monkeypatch):
+    monkeypatch.setenv("FLEETPULSE_QUERY_TOKEN", "t0ken")
+    settings = load(SinkSettings, query_port=free_port())
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_sink(ClickHouseSink(settings), stop))
+    try:
+        deadline = time.monotonic() + 30
+        answer = None
+        while answer is None and time.monotonic() < deadline:
+            answer = await asyncio.to_thread(ask_owner, settings, "SELECT 1")
+            await asyncio.sleep(0.2)
+        assert answer == b"1\n"
+        anonymous = settings.model_copy(update={"query_token": None})
+        with pytest.raises(StoreError, match="bearer token is required"):
+            await asyncio.to_thread(ask_owner, anonymous, "SELECT 1")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
