@@ -103,8 +103,6 @@ async def _run(settings: AgentSettings, nvml: Nvml | None) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = load_agent_settings(args.config, agent_collectors=args.collectors)
     nvml, faults = _fake(args)
-    if not getattr(args, "verbose", False):  # in an outage aiokafka logs each reconnect; the publisher says it once
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     if not args.once:
         log.info("agent on %s: collectors %s every %gs -> %s (prefix %r), spool %s", settings.agent_host,
                  ",".join(settings.agent_collectors), settings.agent_interval_s, settings.bootstrap,

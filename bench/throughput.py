@@ -35,6 +35,7 @@ from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator, simulate
 from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic
+from core.logs import quiet_transient_client_logs
 from core.settings import CommonSettings
 from schemas.tables import TABLES
 from schemas.topics import NCCL, SAMPLES, XID, Topic
@@ -328,6 +329,7 @@ if __name__ == "__main__":
     p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at PATH.<tree>.<k>.json")
     p.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     a = p.parse_args()
+    quiet_transient_client_logs()
     result = asyncio.run(main(a))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from core.errors import FleetpulseError
+from core.logs import quiet_transient_client_logs
 
 # name -> (module with configure_parser/run, help). Modules load only when their subcommand runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -53,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         for noisy in ("aiokafka", "kafka", "faust", "mode"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        return importlib.import_module(args._module).run(args) or 0
+        module = importlib.import_module(args._module)
+        quiet_transient_client_logs()  # after the import: the client loggers exist now
+        return module.run(args) or 0
     except FleetpulseError as exc:
         print(f"fleetpulse {args.command}: {exc}", file=sys.stderr)
         return 2

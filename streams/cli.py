@@ -24,6 +24,7 @@ import faust
 from aiokafka.admin import NewTopic
 
 from core.errors import BrokerError, ConfigError
+from core.logs import quiet_transient_client_logs
 from core.kafka_admin import create_missing
 from schemas.provision import ensure_topics
 from schemas.topics import INTERNAL
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.loglevel.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_transient_client_logs()
     return run(args)
 
 

@@ -1,0 +1,70 @@
+"""Kafka client chatter that means nothing to an operator, kept out of the way of what does.
+
+On a new topic, a leader election or a rebalance, aiokafka logs ERRORs and WARNINGs (`NotLeaderForPartitionError`,
+`GroupCoordinatorNotAvailableError`, `Unable connect to node`) for states it retries and heals by itself within
+seconds; an operator reading them cannot tell them from a real fault, which drowns in them. So a condition like that
+is logged at DEBUG while it is new; if it lasts `grace_s` it is shown, once per `every_s`, with how long it has lasted
+(a broker really down, a topic never created). Anything else — an authentication failure, a record too large — passes
+untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+
+TRANSIENT = re.compile(
+    r"NotLeaderForPartition|LeaderNotAvailable|GroupCoordinatorNotAvailable|NotCoordinatorForGroup|"
+    r"CoordinatorLoadInProgress|UnknownTopicOrPartition|RebalanceInProgress|NodeNotReady|RequestTimedOut|"
+    r"Unable connect to node|Unable to update metadata|Unable to request metadata|Connect call failed|"
+    r"KafkaConnectionError|"
+    r"Topic .{1,300} not found in cluster metadata")
+CLIENT_LOGGERS = ("aiokafka", "kafka", "faust.transport")
+
+
+class TransientClientNoise(logging.Filter):
+    """Demotes self-healing client states to DEBUG until they have lasted `grace_s` (see the module's doc)."""
+
+    def __init__(self, grace_s: float = 60.0, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.grace_s, self.every_s, self.clock = grace_s, every_s, clock
+        self.episodes: dict[str, list[float]] = {}  # condition -> [began, last seen, last shown]
+        self.demoted = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or getattr(record, "client_noise_judged", False):
+            return True  # (a record this filter judged on its logger meets it again on the root's handlers)
+        record.client_noise_judged = True
+        match = TRANSIENT.search(record.getMessage())
+        if match is None:
+            return True
+        kind, now = match.group(0).split(" ")[0], self.clock()
+        episode = self.episodes.get(kind)
+        if episode is None or now - episode[1] > self.grace_s:  # quiet for a while: a new episode
+            episode = self.episodes[kind] = [now, now, -math.inf]
+        episode[1] = now
+        if now - episode[0] < self.grace_s or now - episode[2] < self.every_s:
+            self.demoted += 1
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        episode[2] = now
+        record.msg = f"[{kind} for {now - episode[0]:.0f} s] {record.msg}"
+        return True
+
+
+def quiet_transient_client_logs(grace_s: float = 60.0) -> TransientClientNoise:
+    """Install one filter on every Kafka client logger that exists now (call it after importing the clients) and on
+    the root logger's handlers; returns it (its `demoted` counts what it kept out of the way)."""
+    noise = TransientClientNoise(grace_s, grace_s)
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(CLIENT_LOGGERS)] + list(CLIENT_LOGGERS)
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, TransientClientNoise) for f in logger.filters):
+            logger.addFilter(noise)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, TransientClientNoise) for f in handler.filters):
+            handler.addFilter(noise)
+    return noise
