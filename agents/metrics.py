@@ -60,8 +60,12 @@ class AgentMetrics(Collector):
         for name, help_text, value in (
                 ("spooled", "records written to the on-disk spool", pub.spooled),
                 ("replayed", "spooled records delivered after an outage or restart", pub.replayed),
-                ("spool_dropped", "spooled records dropped, oldest first, because the spool was full", pub.dropped),
-                ("spool_corrupt", "torn spool records skipped on recovery", pub.spool.corrupt),
+                ("spool_dropped", "records given up: the oldest when the spool was full, and those the disk "
+                                  "refused (full, quota) while the broker was away", pub.dropped),
+                ("spool_corrupt", "damaged stretches of spool segments skipped (a torn write, a flipped byte)",
+                 pub.spool.corrupt),
+                ("spool_cursor_errors", "times the spool's delivery cursor could not be written", pub.spool.cursor_errors),
+                ("spool_pump_errors", "rounds of the spool replay that failed and were retried", pub.pump_errors),
                 ("broker_outages", "times the broker stopped acknowledging", pub.outages)):
             family = CounterMetricFamily(f"fleetpulse_agent_{name}", help_text, labels=["host"])
             family.add_metric([host], value)

@@ -2,6 +2,6 @@
 
 from agents.spool.publisher import SpoolingPublisher
 from agents.spool.record import Spooled, SpoolRecord
-from agents.spool.store import FsyncPolicy, Spool
+from agents.spool.store import FsyncPolicy, Spool, SpoolUnwritable
 
-__all__ = ["FsyncPolicy", "Spool", "SpoolRecord", "Spooled", "SpoolingPublisher"]
+__all__ = ["FsyncPolicy", "Spool", "SpoolRecord", "SpoolUnwritable", "Spooled", "SpoolingPublisher"]

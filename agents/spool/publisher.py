@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from typing import Callable
@@ -15,7 +16,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from agents.publisher import REFUSED, Publisher, retire
 from agents.spool.record import SpoolRecord
 from agents.spool.replay import InflightRecord, SpoolReplay
-from agents.spool.store import Spool
+from agents.spool.store import Spool, SpoolUnwritable
 from core.errors import BrokerError
 from core.settings import CommonSettings
 from schemas.topics import Topic
@@ -55,7 +56,8 @@ class SpoolingPublisher(SpoolReplay, Publisher):
         self.stall_after_s, self.send_timeout_s = stall_after_s, send_timeout_s
         self.connect_timeout_s, self.shutdown_timeout_s = connect_timeout_s, shutdown_timeout_s
         self.replay_batch, self.clock = replay_batch, clock
-        self.spooled = self.replayed = self.outages = 0
+        self.spooled = self.replayed = self.outages = self.unspooled = self.pump_errors = 0
+        self._unspooled_said = -math.inf
         self._inflight: deque[InflightRecord] = deque()
         self._direct = False  # new records go straight to the producer
         self._broken = False  # the producer must be replaced before the next send
@@ -95,9 +97,12 @@ class SpoolingPublisher(SpoolReplay, Publisher):
         leftover = [e.record for e in self._inflight if not self._account(e)]
         self._inflight.clear()
         if leftover:  # never acknowledged: the next run sends them (a duplicate if the broker wrote them)
-            self.spool.prepend(leftover)
-            self.spooled += len(leftover)
-            log.warning("shutdown: %d unacknowledged records put back in the spool", len(leftover))
+            try:
+                self.spool.prepend(leftover)
+                self.spooled += len(leftover)
+                log.warning("shutdown: %d unacknowledged records put back in the spool", len(leftover))
+            except SpoolUnwritable as exc:
+                self._unspoolable(len(leftover), exc)
         self.spool.close()
 
     async def flush(self, timeout: float | None = None) -> bool:
@@ -136,8 +141,20 @@ class SpoolingPublisher(SpoolReplay, Publisher):
         except ValueError as exc:
             self.failed[topic.name] += 1
             raise BrokerError(f"{record.topic}: record refused by the spool: {exc}") from exc
+        except SpoolUnwritable as exc:  # a full disk: count the record and keep sampling
+            self._unspoolable(1, exc)
+            return
         self.spooled += 1
         self._wake.set()
+
+    def _unspoolable(self, records: int, exc: SpoolUnwritable) -> None:
+        """Records neither the broker nor the disk took: counted in `dropped`, said at once and then once a minute."""
+        self.unspooled += records
+        now = time.monotonic()
+        if now - self._unspooled_said >= 60.0:
+            self._unspooled_said = now
+            log.error("%s; %d records dropped so far (the broker is not acknowledging and the spool cannot grow)",
+                      exc, self.unspooled)
 
     async def _send_direct(self, record: SpoolRecord, name: str) -> bool:
         self._sending += 1
@@ -198,7 +215,8 @@ class SpoolingPublisher(SpoolReplay, Publisher):
 
     @property
     def dropped(self) -> int:
-        return self.spool.dropped
+        """Records given up: the oldest when the spool was full, and those the disk refused (unspooled)."""
+        return self.spool.dropped + self.unspooled
 
     @property
     def spool_bytes(self) -> int:

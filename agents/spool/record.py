@@ -64,15 +64,51 @@ class Spooled:
     index: int
 
 
-def scan(path: Path) -> tuple[list[int], int]:
-    """(end offset of every intact frame, bytes after the last intact frame): a torn or garbled tail is not a frame."""
-    data = path.read_bytes()
-    ends, at = [], 0
-    while at + FRAME.size <= len(data):
-        length, crc = FRAME.unpack_from(data, at)
-        end = at + FRAME.size + length
-        if length < HEAD.size or length > MAX_RECORD or end > len(data) or zlib.crc32(data[at + FRAME.size:end]) != crc:
-            break
-        ends.append(end)
-        at = end
-    return ends, len(data) - at
+def frame_at(data: bytes | memoryview, at: int) -> int | None:
+    """The end of the intact frame that starts at `at`, or None: the length must be plausible, the payload's own
+    lengths must fit in it, and the CRC must match."""
+    if at + FRAME.size + HEAD.size > len(data):
+        return None
+    length, crc = FRAME.unpack_from(data, at)
+    end = at + FRAME.size + length
+    if length < HEAD.size or length > MAX_RECORD or end > len(data):
+        return None
+    _, tlen, klen, vlen, _ = HEAD.unpack_from(data, at + FRAME.size)
+    if klen < -1 or HEAD.size + tlen + max(klen, 0) + vlen > length:
+        return None
+    return end if zlib.crc32(data[at + FRAME.size:end]) == crc else None
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a segment file holds: its intact frames as (start, end), and the damaged stretches between them."""
+
+    frames: list[tuple[int, int]]
+    damaged: list[tuple[int, int]]
+    size: int
+
+    @property
+    def clean(self) -> bool:
+        return not self.damaged
+
+
+def scan(data: bytes) -> Scan:
+    """Every intact frame of a segment's bytes. A damaged frame (a flipped byte, a torn write) is skipped by looking
+    for the next position where an intact frame starts, so one bad byte costs the records it hit, not the rest of the
+    segment; a torn tail is a damaged stretch that reaches the end."""
+    view = memoryview(data)
+    frames: list[tuple[int, int]] = []
+    damaged: list[tuple[int, int]] = []
+    at = 0
+    while at < len(data):
+        end = frame_at(view, at)
+        if end is not None:
+            frames.append((at, end))
+            at = end
+            continue
+        bad = at
+        at += 1
+        while at < len(data) and frame_at(view, at) is None:
+            at += 1
+        damaged.append((bad, at))
+    return Scan(frames, damaged, len(data))

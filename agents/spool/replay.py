@@ -14,7 +14,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from agents.publisher import REFUSED, failed_future
 from agents.spool.record import Spooled, SpoolRecord
-from agents.spool.store import Spool
+from agents.spool.store import Spool, SpoolUnwritable
 from core.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class SpoolReplay:
     failed: Counter[str]
     replayed: int
     spooled: int
+    pump_errors: int
     replay_batch: int
     stall_after_s: float
     _inflight: deque[InflightRecord]
@@ -59,42 +60,57 @@ class SpoolReplay:
     def _outage(self, reason: str, *, broken: bool = False) -> None:
         raise NotImplementedError
 
+    def _unspoolable(self, records: int, exc: SpoolUnwritable) -> None:
+        raise NotImplementedError
+
     async def _pump(self) -> None:
+        """Supervised: an unexpected error in one round (an unreadable spool, a client bug) is logged and counted,
+        and the pump goes on after a pause, so the spool never stops draining for good."""
         backoff = 0.2
         while True:
-            self.spool.sync_due()
-            if self._direct:
-                self._reap()
-                if self._inflight and time.monotonic() - self._inflight[0].sent_at > self.stall_after_s:
-                    self._outage(f"no acknowledgement for {self.stall_after_s:g}s")
-                await self._idle(0.25)
-                continue
-            await self._settle()
-            if (self._producer is None or self._broken) and not await self._connect():
-                await self._idle(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            batch = self.spool.peek(self.replay_batch)
-            if not batch:
-                self._back_to_direct()
-                continue
-            # The batch that empties the spool holds new records back until it is acknowledged (at most
-            # stall_after_s), so the spool drains for good even while records keep arriving.
-            last = len(batch) == len(self.spool)
-            self._handover = asyncio.Event() if last else None
             try:
-                delivered = await self._replay(batch)
-                if delivered and last and len(self.spool) == 0:
-                    self._back_to_direct()
-            finally:
-                if self._handover is not None:
-                    self._handover.set()
-                    self._handover = None
-            if delivered:
-                backoff = 0.2
-            else:
+                backoff = await self._pump_round(backoff)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the pump must outlive anything one round can hit
+                self.pump_errors += 1
+                log.exception("spool pump failed (%d so far); going on in %.1fs", self.pump_errors, backoff)
                 await self._idle(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def _pump_round(self, backoff: float) -> float:
+        """One round of the pump; returns the next backoff."""
+        self.spool.sync_due()
+        if self._direct:
+            self._reap()
+            if self._inflight and time.monotonic() - self._inflight[0].sent_at > self.stall_after_s:
+                self._outage(f"no acknowledgement for {self.stall_after_s:g}s")
+            await self._idle(0.25)
+            return backoff
+        await self._settle()
+        if (self._producer is None or self._broken) and not await self._connect():
+            await self._idle(backoff)
+            return min(backoff * 2, 5.0)
+        batch = self.spool.peek(self.replay_batch)
+        if not batch:
+            self._back_to_direct()
+            return backoff
+        # The batch that empties the spool holds new records back until it is acknowledged (at most
+        # stall_after_s), so the spool drains for good even while records keep arriving.
+        last = len(batch) == len(self.spool)
+        self._handover = asyncio.Event() if last else None
+        try:
+            delivered = await self._replay(batch)
+            if delivered and last and len(self.spool) == 0:
+                self._back_to_direct()
+        finally:
+            if self._handover is not None:
+                self._handover.set()
+                self._handover = None
+        if delivered:
+            return 0.2
+        await self._idle(backoff)
+        return min(backoff * 2, 5.0)
 
     def _back_to_direct(self) -> None:
         self._direct = True
@@ -137,8 +153,11 @@ class SpoolReplay:
         self._inflight.clear()
         if failed:
             self._broken = True
-            self.spool.prepend(failed)
-            self.spooled += len(failed)
+            try:
+                self.spool.prepend(failed)
+                self.spooled += len(failed)
+            except SpoolUnwritable as exc:
+                self._unspoolable(len(failed), exc)
 
     async def _replay(self, batch: list[Spooled]) -> bool:
         """Send one batch from the spool head; commit the acknowledged prefix. True if all of it went."""

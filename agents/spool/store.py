@@ -11,13 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agents.spool.record import FRAME, Spooled, SpoolRecord, scan
+from agents.spool.record import FRAME, Spooled, SpoolRecord, frame_at, scan
 from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "interval", "never"]
 CURSOR = "cursor.json"
+
+
+class SpoolUnwritable(Exception):
+    """The disk refused a record (full, quota, I/O error); the spool is as it was before the append."""
 
 
 @dataclass
@@ -41,8 +45,11 @@ class Spool:
 
     `append` adds at the tail; when the limit would be passed, the oldest whole segments are deleted and their
     undelivered records counted in `dropped`. `peek` reads from the oldest undelivered record and `commit` marks a
-    prefix delivered (persisted in cursor.json, so a restart replays only what was not delivered). A torn frame left
-    by a crash (short, or failing its CRC) ends its segment: it is cut off on open and counted in `corrupt`.
+    prefix delivered (persisted in cursor.json, so a restart replays only what was not delivered). Every read checks
+    each frame's CRC: a damaged stretch (a torn write left by a crash, a flipped byte) is skipped by resynchronising on
+    the next intact frame and the segment rewritten without it, so only the damaged records are lost (`corrupt`
+    counts the stretches). A disk that refuses an append (full, quota) raises SpoolUnwritable and leaves the spool as
+    it was; a cursor that cannot be written is retried at the next commit (a restart meanwhile replays, never loses).
     Durability (`fsync`): "always" syncs every append and commit (survives power loss, costs a disk flush each);
     "interval" syncs at most every `fsync_interval_s` and on rotate/close (a process crash loses nothing, a power
     loss at most that interval); "never" leaves it to the OS. Appends are unbuffered writes, so a killed process
@@ -59,7 +66,7 @@ class Spool:
         self.max_bytes = max_bytes
         self.segment_bytes = min(segment_bytes or 8 << 20, max_bytes // 4)
         self.fsync, self.fsync_interval_s = fsync, fsync_interval_s
-        self.appended = self.dropped = self.corrupt = 0
+        self.appended = self.dropped = self.corrupt = self.cursor_errors = 0
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.dir / ".lock", "w")
         try:
@@ -88,21 +95,38 @@ class Spool:
                 seg = _Segment(int(path.stem[4:]), path)
             except ValueError:
                 continue
-            ends, torn = scan(path)
-            if torn:
-                self.corrupt += 1
-                log.warning("spool %s: cut %d bytes of a torn record off the end", path, torn)
-                os.truncate(path, ends[-1] if ends else 0)
-            seg.size, seg.records = (ends[-1] if ends else 0), len(ends)
             offset = cursor.get(seg.id, 0)
-            offset = offset if isinstance(offset, int) else 0
-            seg.consumed_records = sum(1 for e in ends if e <= offset)
-            seg.consumed = ends[seg.consumed_records - 1] if seg.consumed_records else 0
+            self._load(seg, offset if isinstance(offset, int) else 0)
             self._segments[seg.id] = seg
         self._next_id = max(self._segments, default=-1) + 1
         self._forget_delivered()  # also rewrites the cursor without entries of segments that are gone
         if self._segments:
             log.info("spool %s: %d records (%d bytes) left by a previous run", self.dir, len(self), self.bytes)
+
+    def _load(self, seg: _Segment, consumed: int) -> None:
+        """Read a segment's frames (`consumed`: the byte offset delivered up to, in the file as it is); a damaged
+        segment is rewritten with its intact frames only, and the delivered ones stay delivered."""
+        found = scan(seg.path.read_bytes())
+        seg.consumed_records = sum(1 for _, end in found.frames if end <= consumed)
+        if not found.clean:
+            self.corrupt += len(found.damaged)
+            lost = sum(b - a for a, b in found.damaged)
+            log.warning("spool %s: skipped %d damaged stretch(es), %d bytes (kept %d intact records)", seg.path,
+                        len(found.damaged), lost, len(found.frames))
+            if self._fd is not None and self._segments and seg.id == max(self._segments):
+                os.close(self._fd)  # appends would go on into the replaced file: the next one rotates
+                self._fd = None
+            data = seg.path.read_bytes()
+            kept = b"".join(data[a:b] for a, b in found.frames)
+            tmp = seg.path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(kept)
+                if self.fsync != "never":
+                    os.fsync(f.fileno())
+            os.replace(tmp, seg.path)
+            found = scan(kept)
+        seg.size, seg.records = found.size, len(found.frames)
+        seg.consumed = found.frames[seg.consumed_records - 1][1] if seg.consumed_records else 0
 
     # -- writing ---------------------------------------------------------------------------------------------------
     def append(self, record: SpoolRecord) -> None:
@@ -110,15 +134,29 @@ class Spool:
         frame = record.encode()
         if len(frame) > self.max_bytes // 4:
             raise ValueError(f"record of {len(frame)} bytes exceeds a quarter of the spool ({self.max_bytes} bytes)")
-        tail = self._segments[max(self._segments)] if self._segments else None
-        if tail is None or self._fd is None or (tail.size + len(frame) > self.segment_bytes and tail.records):
-            tail = self._rotate()
-        self._make_room(len(frame))
-        os.write(self._fd, frame)
+        try:
+            tail = self._segments[max(self._segments)] if self._segments else None
+            if tail is None or self._fd is None or (tail.size + len(frame) > self.segment_bytes and tail.records):
+                tail = self._rotate()
+            self._make_room(len(frame))
+            self._write_all(tail, frame)
+        except OSError as exc:
+            raise SpoolUnwritable(f"spool {self.dir}: {exc.strerror or exc}") from exc
         tail.size += len(frame)
         tail.records += 1
         self.appended += 1
         self._written()
+
+    def _write_all(self, tail: _Segment, frame: bytes) -> None:
+        """The whole frame or nothing: a short write is continued, a failed one cut back off the segment."""
+        done = 0
+        try:
+            while done < len(frame):
+                done += os.write(self._fd, frame[done:])
+        except OSError:
+            if done:
+                os.ftruncate(self._fd, tail.size)
+            raise
 
     def prepend(self, records: list[SpoolRecord]) -> None:
         """Put records before everything spooled (records that left for the broker earlier and came back)."""
@@ -130,10 +168,14 @@ class Spool:
             return
         seg = _Segment(min(self._segments) - 1, self.dir / f"seg-{min(self._segments) - 1}.spool")
         data = b"".join(r.encode() for r in records)
-        with open(seg.path, "wb") as f:
-            f.write(data)
-            if self.fsync != "never":
-                os.fsync(f.fileno())
+        try:
+            with open(seg.path, "wb") as f:
+                f.write(data)
+                if self.fsync != "never":
+                    os.fsync(f.fileno())
+        except OSError as exc:
+            seg.path.unlink(missing_ok=True)
+            raise SpoolUnwritable(f"spool {self.dir}: {exc.strerror or exc}") from exc
         seg.size, seg.records = len(data), len(records)
         self._segments[seg.id] = seg
         self.appended += len(records)
@@ -143,9 +185,11 @@ class Spool:
         if self._fd is not None:
             self._sync_file()
             os.close(self._fd)
-        new_id, self._next_id = self._next_id, self._next_id + 1
-        seg = self._segments[new_id] = _Segment(new_id, self.dir / f"seg-{new_id}.spool")
+            self._fd = None
+        new_id = self._next_id
+        seg = _Segment(new_id, self.dir / f"seg-{new_id}.spool")
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._next_id, self._segments[new_id] = new_id + 1, seg
         if self.fsync != "never":
             self._sync_dir()
         return seg
@@ -161,20 +205,34 @@ class Spool:
 
     # -- reading and acknowledging ---------------------------------------------------------------------------------
     def peek(self, max_records: int = 500, max_bytes: int = 4 << 20) -> list[Spooled]:
-        """The oldest undelivered records, in order, without removing them."""
+        """The oldest undelivered records, in order, without removing them. Each frame's CRC is checked: a segment
+        found damaged is repaired (_load) and read again, once."""
         out: list[Spooled] = []
         budget = max_bytes
         for seg in [self._segments[i] for i in sorted(self._segments)]:
-            if seg.pending == 0:
-                continue
-            with open(seg.path, "rb") as f:
-                f.seek(seg.consumed)
-                at, index = seg.consumed, seg.consumed_records
+            for attempt in (0, 1):
+                if seg.pending == 0:
+                    break
+                with open(seg.path, "rb") as f:
+                    f.seek(seg.consumed)
+                    data = f.read(seg.size - seg.consumed)
+                at, index, damaged = 0, seg.consumed_records, False
                 while index < seg.records and len(out) < max_records and (budget > 0 or not out):
-                    length, _ = FRAME.unpack(f.read(FRAME.size))
-                    at, index = at + FRAME.size + length, index + 1
-                    out.append(Spooled(SpoolRecord.decode(f.read(length)), seg.id, at, index))
-                    budget -= FRAME.size + length
+                    end = frame_at(data, at)
+                    if end is None:
+                        damaged = True
+                        break
+                    index += 1
+                    out.append(Spooled(SpoolRecord.decode(data[at + FRAME.size:end]), seg.id, seg.consumed + end,
+                                       index))
+                    budget, at = budget - (end - at), end
+                if not damaged:
+                    break
+                if out and out[-1].segment == seg.id:
+                    return out  # deliver what was intact before the damage; the next peek repairs it
+                if attempt:
+                    return out  # damaged again right after its repair (a failing disk): stop here, in order
+                self._load(seg, seg.consumed)
             if len(out) >= max_records or budget <= 0:
                 break
         return out
@@ -198,12 +256,18 @@ class Spool:
     def _write_cursor(self) -> None:
         state = {str(s.id): s.consumed for s in self._segments.values() if s.consumed}
         tmp = self.dir / (CURSOR + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(state))
-            if self.fsync != "never":  # the rename below is made durable by the next directory sync
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.dir / CURSOR)
+        try:
+            with open(tmp, "w") as f:
+                f.write(json.dumps(state))
+                if self.fsync != "never":  # the rename below is made durable by the next directory sync
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, self.dir / CURSOR)
+        except OSError as exc:  # a full disk: the next commit writes it again; a restart meanwhile replays more
+            self.cursor_errors += 1
+            log.warning("spool %s: cannot write %s (%s); delivered records may be replayed after a restart",
+                        self.dir, CURSOR, exc.strerror or exc)
+            return
         self._written()
 
     def _delete(self, seg: _Segment) -> None:
