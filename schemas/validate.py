@@ -121,6 +121,8 @@ class Validator:
             raise DecodeError(f"invalid {self.model.__name__}: {exc}") from None
         except msgspec.DecodeError as exc:
             raise DecodeError(f"not JSON: {exc}") from None
+        except RecursionError:  # nesting deeper than the interpreter's stack (msgspec recurses while it skips)
+            raise DecodeError("not a record: JSON nested too deep") from None
         return self._finish(value)
 
     def check(self, value: Any) -> dict:
@@ -129,6 +131,8 @@ class Validator:
             checked = msgspec.convert(value, self.type, strict=True)
         except msgspec.ValidationError as exc:
             raise DecodeError(f"invalid {self.model.__name__}: {exc}") from None
+        except RecursionError:
+            raise DecodeError("not a record: nested too deep") from None
         return self._finish(checked)
 
     def _finish(self, value: dict) -> dict:
