@@ -52,6 +52,14 @@ class Topic:
         except DecodeError as exc:
             return self._legacy(exc, lambda model: validator(model).decode(raw))
 
+    def decode_keyed(self, key: bytes | None, raw: bytes | None) -> dict:
+        """decode(), and the record's Kafka key must be its `key` field: every keyed stage and table relies on one
+        host's (or job's) records sharing a partition, in order. A record keyed otherwise is refused like a bad one."""
+        value = self.decode(raw)
+        if key != self.key_of(value):
+            raise DecodeError(f"record key {key!r:.80} is not its {self.key} {str(value[self.key])!r:.80}")
+        return value
+
     def check(self, value: object) -> dict:
         """An already decoded value, checked by the same validator."""
         try:

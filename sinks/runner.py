@@ -149,7 +149,8 @@ class ClickHouseSink:
                 continue
             stats.records += 1
             try:
-                rows = batch.table.rows(batch.table.topic.decode(rec.value), tp.partition, rec.offset, rec.timestamp)
+                value = batch.table.topic.decode_keyed(rec.key, rec.value)
+                rows = batch.table.rows(value, tp.partition, rec.offset, rec.timestamp)
             except DecodeError as exc:
                 await self.send_dead_letter(tp.topic, tp.partition, rec.offset, rec.value, rec.key, str(exc))
                 stats.dead_letters += 1

@@ -43,14 +43,14 @@ class Source:
     """One input topic of a lane: how its records are decoded and checked, and which stages read them as what."""
 
     name: str
-    decode: Callable[[bytes | None], Any]
+    decode: Callable[[bytes | None, bytes | None], Any]  # (key, value) -> checked value
     registry: bool  # a refused record is the sink's to dead-letter (it reads every registry topic)
     dlq: str  # where this worker dead-letters the topic's records (internal refusals, rules that raised)
     readers: list[tuple[Wired, str]] = field(default_factory=list)
 
 
-def _internal_decoder(check: Callable[[Any], Any] | None) -> Callable[[bytes | None], Any]:
-    def decode(raw: bytes | None) -> Any:
+def _internal_decoder(check: Callable[[Any], Any] | None) -> Callable[[bytes | None, bytes | None], Any]:
+    def decode(key: bytes | None, raw: bytes | None) -> Any:
         value = json_decode(raw)
         return check(value) if check is not None else value
     return decode
@@ -72,7 +72,7 @@ class Lane:
                 if src is None:
                     registry = isinstance(i.topic, Topic)
                     src = self.sources[full] = Source(
-                        full, i.topic.decode if registry else _internal_decoder(i.check), registry,
+                        full, i.topic.decode_keyed if registry else _internal_decoder(i.check), registry,
                         (i.topic if registry else i.topic.dead_letters).dlq(prefix))
                 src.readers.append((w, i.kind))
         # A topic several lanes read (faults, remediation results) is decoded once per lane; only the first lane
@@ -114,7 +114,7 @@ class Lane:
                 log.error("lane %s got a record of %s, which none of its stages reads", self.name, msg.topic)
                 continue
             try:
-                value = src.decode(msg.value)
+                value = src.decode(msg.key, msg.value)
             except DecodeError as exc:
                 await self._refuse(pending, src, event, str(exc))
                 continue

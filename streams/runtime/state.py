@@ -88,6 +88,8 @@ class StepState:
         if prior is not None:  # an earlier write of this batch: durable stays durable, a named partition stays named
             durable = durable or prior[1]
             partition = prior[2] if partition is None else partition
+        if durable and partition is None:
+            self._partition(self.tables[table], key, None)  # raises here, in the step: its record is set aside
         self.writes[(table, key)] = (value, durable, partition)
 
     def delete(self, table: str, key: str, *, partition: int | None = None) -> None:
@@ -129,7 +131,7 @@ class StepState:
             return explicit
         if key in self.partitions:
             return self.partitions[key]
-        if (table.partitions or 1) == 1:
+        if (getattr(table, "partitions", None) or 1) == 1:
             return 0
         raise ValueError(f"state key {key!r} of {table.name} is no record's key in this batch: "
                          "the step must name its partition")

@@ -128,3 +128,11 @@ def test_the_validator_never_passes_what_the_sink_would_refuse(topic):
         table.rows(decoded, 0, 0)
 
     check()
+
+
+def test_a_record_keyed_by_another_host_than_its_own_is_refused():
+    raw = orjson.dumps(SAMPLE)
+    assert SAMPLES.decode_keyed(SAMPLE["host"].encode(), raw)["host"] == SAMPLE["host"]
+    for key in (b"someone-else", None, b""):
+        with pytest.raises(DecodeError, match="is not its host"):
+            SAMPLES.decode_keyed(key, raw)

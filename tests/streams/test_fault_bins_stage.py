@@ -139,3 +139,21 @@ def test_readings_between_durable_writes_are_kept_in_memory_for_the_next_batch()
         faults += [FaultEvent.model_validate_json(e.value) for e in emits]
     assert durable == [0, 6]  # first seen, then the DBE: the quiet readings stayed in memory
     assert [(f.code, f.gpu_index, f.evidence["since"]) for f in faults] == [("ecc_dbe", 4, f"{TS0 + 5:.3f}")]
+
+
+class Partitioned(Memory):
+    name, partitions = "hosts", 8  # as a real table: a state key must come with its partition
+
+
+def test_state_under_a_key_no_record_of_the_batch_carries_sets_that_record_aside():
+    """A record keyed by another host than the one it names (the runtime refuses such raw records; this one got past)
+    would put state on a changelog partition nobody can name: the step raises at that put, and the record is set
+    aside like any the rules choke on, instead of the whole batch failing at the changelog write, batch after batch."""
+    w = Wired(fault_bins.STAGE, fault_bins.STAGE.steps[0], FaultBinConfig(), {"hosts": Partitioned()}, None, None,
+              live={"hosts": HostState})
+    (kind, value) = xid(LINE_79, TS0)
+    recs = [Record(kind, value, "h1", XID_TOPIC, 3, 0, 0),
+            Record(kind, {**value, "host": "h9"}, "someone-else", XID_TOPIC, 3, 1, 0)]
+    emits, state, failed = run_step(w, recs)
+    assert [(r.offset, "no record's key in this batch" in reason) for r, reason in failed] == [(1, True)]
+    assert {key for _, key in state.writes} == {"h1"}  # what flush will write: the good record's state only
