@@ -3,7 +3,7 @@
 Each record is derived from a good one by one mutation, drawn by a seeded RNG: truncated or invalid JSON, invalid
 UTF-8, NaN and Infinity tokens, numbers past 64 bits, negative and enormous GPU indices and timestamps, wrong types,
 deep nesting, values near the broker's 1 MB limit, 300 GPUs, duplicate GPU indices, duplicate JSON keys, and host
-names with control, bidi and SQL-looking characters. Some stay valid (unknown keys, duplicate keys, hostile but
+names with control, bidi and SQL-looking characters, records keyed by another host. Some stay valid (unknown keys, duplicate keys, hostile but
 well-formed strings): those must be stored like any other record; the rest must be refused, once.
 """
 
@@ -87,52 +87,57 @@ def mutate(topic: Topic, record: dict, rng: random.Random) -> tuple[bytes, str]:
     kind = rng.randrange(16)
     if kind == 0:
         cut = rng.randrange(len(raw))
-        return raw[:cut], f"truncated at {cut}"
+        return raw[:cut], f"truncated at {cut}", None
     if kind == 1:
         at = rng.randrange(1, len(raw) - 1)
-        return raw[:at] + rng.choice([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x00"]) + raw[at:], f"byte at {at}"
+        return raw[:at] + rng.choice([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x00"]) + raw[at:], f"byte at {at}", None
     if kind in (2, 3, 4, 5):
         path = rng.choice(_paths(topic, record))
         junk = rng.choice([None, True, "12", "", [], {}, -1, 0, 2**63, 2**64, -(2**63) - 1, 1e308, -1e308, 0.5,
                            10**30, "NaN", [[[]]], {"$gt": ""}, "x" * 300])
-        return _dumps(_set(record, path, junk)), f"{'.'.join(map(str, path))} = {junk!r:.40}"
+        return _dumps(_set(record, path, junk)), f"{'.'.join(map(str, path))} = {junk!r:.40}", None
     if kind == 6:
         path = rng.choice(_paths(topic, record))
         token = rng.choice([b"NaN", b"Infinity", b"-Infinity", b"1e999", b"18446744073709551616", b"-0", b"01"])
         marker = _dumps(_set(record, path, "__TOKEN__"))
-        return marker.replace(b'"__TOKEN__"', token), f"{'.'.join(map(str, path))} = {token.decode()}"
+        return marker.replace(b'"__TOKEN__"', token), f"{'.'.join(map(str, path))} = {token.decode()}", None
     if kind == 7:
         depth = rng.choice([50, 1000, 100_000])
-        return raw[:-1] + b',"extra":' + _deep(depth) + b"}", f"nesting {depth} deep in an unknown field"
+        return raw[:-1] + b',"extra":' + _deep(depth) + b"}", f"nesting {depth} deep in an unknown field", None
     if kind == 8:
         path = rng.choice([p for p in _paths(topic, record) if isinstance(record[p[0]], str)] or [("host",)])
-        return _dumps(_set(record, path, _deep(5000).decode())), f"{path} as deep brackets text"
+        return _dumps(_set(record, path, _deep(5000).decode())), f"{path} as deep brackets text", None
     if kind == 9:
         size = rng.choice([300_000, 900_000])
-        return _dumps({**record, "host": "h" * size}), f"host of {size} characters"
+        return _dumps({**record, "host": "h" * size}), f"host of {size} characters", None
     if kind == 10:
         size = rng.choice([200_000, 900_000])
-        return _dumps({**record, "padding": "x" * size}), f"unknown field of {size} bytes (valid)"
+        return _dumps({**record, "padding": "x" * size}), f"unknown field of {size} bytes (valid)", None
     if kind == 11 and topic is SAMPLES:
         gpu = record["gpus"][0]
         count = rng.choice([257, 300, 2000])
-        return _dumps({**record, "gpus": [{**gpu, "index": i % 256} for i in range(count)]}), f"{count} GPUs"
+        return _dumps({**record, "gpus": [{**gpu, "index": i % 256} for i in range(count)]}), f"{count} GPUs", None
     if kind == 11 and topic is NCCL:
-        return _dumps({**record, "ranks": record["ranks"] * 40}), "320 ranks"
+        return _dumps({**record, "ranks": record["ranks"] * 40}), "320 ranks", None
     if kind == 12 and topic is SAMPLES:
-        return _dumps({**record, "gpus": record["gpus"] + record["gpus"][:1]}), "GPU 0 twice"
+        return _dumps({**record, "gpus": record["gpus"] + record["gpus"][:1]}), "GPU 0 twice", None
     if kind == 12:
         index = rng.choice([-1, 256, 10**9])
         field = ("ranks", 0, "gpu_index") if topic is NCCL else ("gpu_index",)
-        return _dumps(_set(record, field, index)), f"gpu_index {index}"
-    if kind == 13:
+        return _dumps(_set(record, field, index)), f"gpu_index {index}", None
+    if kind == 13:  # a producer keys by the host it writes: valid, whatever the name holds
         name = rng.choice(HOSTILE_NAMES)
-        return _dumps({**record, "host": name}), f"host {name!r} (valid)"
+        key = name.encode("utf-8", "surrogatepass") if topic.key == "host" else None
+        return _dumps({**record, "host": name}), f"host {name!r} (valid)", key
     if kind == 14:
-        return raw[:-1] + b',"host":"dup-' + str(rng.randrange(9)).encode() + b'"}', "duplicate key host (valid)"
+        dup = f"dup-{rng.randrange(9)}"
+        key = dup.encode() if topic.key == "host" else None
+        return raw[:-1] + f',"host":"{dup}"}}'.encode(), "duplicate key host, the last one keyed (valid)", key
+    if kind == 15:
+        return raw, "keyed by another host", b"someone-else"
     ts = rng.choice([-5.0, 0.0, 1e300, 2**64, 10_413_792_000.0, "2026-12-01T00:00:00Z"])
     field = ("ranks", 0, "ts") if topic is NCCL else ("ts",)
-    return _dumps(_set(record, field, ts)), f"ts {ts!r}"
+    return _dumps(_set(record, field, ts)), f"ts {ts!r}", None
 
 
 def corpus(per_topic: int, *, seed: int = 7, now: float, hostile_share: float = 0.5) -> list[Hostile]:
@@ -144,7 +149,8 @@ def corpus(per_topic: int, *, seed: int = 7, now: float, hostile_share: float = 
             record = make(rng, now, n)
             key = str(record["host"] if topic is not NCCL else record["job"]).encode()
             if rng.random() < hostile_share:
-                value, how = mutate(topic, record, rng)
+                value, how, keyed = mutate(topic, record, rng)
+                key = key if keyed is None else keyed
             else:
                 value, how = orjson.dumps(record), "good"
             out.append(Hostile(topic, key, value, how))

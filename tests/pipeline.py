@@ -19,8 +19,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @contextlib.asynccontextmanager
-async def worker_and_sink(log: Path, stages: str | None = None, env: dict[str, str] | None = None):
-    """`streams.cli` for `stages` (default all) logging to `log`, and a sink on the same settings; yields the sink.
+async def worker_and_sink(log: Path, stages: str | None = None, env: dict[str, str] | None = None,
+                          seen: list[subprocess.Popen] | None = None):
+    """`streams.cli` for `stages` (default all) logging to `log`, and a sink on the same settings; yields the sink
+    (and appends the worker's process to `seen`, when given).
 
     On a failure inside the block the worker is killed (its log tells why); otherwise it must stop on SIGTERM.
     """
@@ -28,6 +30,8 @@ async def worker_and_sink(log: Path, stages: str | None = None, env: dict[str, s
     worker = subprocess.Popen(args, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
                               env={**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2",
                                    **(env or {})})
+    if seen is not None:
+        seen.append(worker)
     sink, stop = ClickHouseSink(load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False)), asyncio.Event()
     task = asyncio.create_task(run_sink(sink, stop))
     try:

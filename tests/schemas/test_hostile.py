@@ -23,7 +23,7 @@ def test_every_hostile_record_is_refused_or_is_a_record_the_contract_accepts(see
     outcome = Counter()
     for h in corpus(12, seed=seed, now=NOW, hostile_share=0.9):
         try:
-            value = h.topic.decode(h.value)
+            value = h.topic.decode_keyed(h.key, h.value)
         except DecodeError:
             outcome["refused"] += 1
             continue
