@@ -68,3 +68,26 @@ def quiet_transient_client_logs(grace_s: float = 60.0) -> TransientClientNoise:
         if not any(isinstance(f, TransientClientNoise) for f in handler.filters):
             handler.addFilter(noise)
     return noise
+
+
+class LogBudget:
+    """At most `per_minute` lines of one kind a minute (a flood of bad records must not become a flood of log lines);
+    `take()` says whether to log this one and how many were held back since the last one logged."""
+
+    def __init__(self, per_minute: int = 20, clock: Callable[[], float] = time.monotonic):
+        self.per_minute, self.clock = per_minute, clock
+        self.window_start, self.used, self.held = -math.inf, 0, 0
+
+    def take(self) -> tuple[bool, int]:
+        now = self.clock()
+        if now - self.window_start >= 60.0:
+            self.window_start, self.used = now, 0
+        if self.used >= self.per_minute:
+            self.held += 1
+            return False, 0
+        self.used += 1
+        held, self.held = self.held, 0
+        return True, held
+
+    def suffix(self, held: int) -> str:
+        return f" ({held} more like it not shown)" if held else ""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from core.errors import DecodeError, StoreError
+from core.logs import LogBudget
 from schemas.provision import ensure_topics
 from schemas.dead_letter import dead_letter
 from schemas.tables import TABLES, Table
@@ -77,6 +78,7 @@ class ClickHouseSink:
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.stored: dict[tuple[str, int], int] = {}  # highest offset already in ClickHouse, per partition
+        self.dlq_log = LogBudget()  # a flood of bad records is counted in full, logged 20 lines a minute
 
     async def db(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.db_thread, lambda: fn(*args, **kwargs))
@@ -166,7 +168,9 @@ class ClickHouseSink:
                                           offset=offset, component="sink")
         base = self.by_topic[topic].topic
         await self.producer.send_and_wait(base.dlq(self.settings.topic_prefix), value, key=key, headers=headers)
-        log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, reason)
+        show, held = self.dlq_log.take()
+        if show:
+            log.warning("dead-lettered %s[%d]@%d: %s%s", topic, partition, offset, reason, self.dlq_log.suffix(held))
 
     async def flush(self, batch: Batch) -> None:
         """Insert the batch (retrying what is retryable), then commit its offsets."""

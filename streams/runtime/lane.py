@@ -13,6 +13,7 @@ import faust
 from faust.types import EventT
 
 from core.errors import DecodeError
+from core.logs import LogBudget
 from schemas.codec import decode as json_decode
 from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
@@ -65,6 +66,7 @@ class Lane:
         self.prefix, self.app_id, self.batch_max, self.within_s = prefix, app_id, batch_max, within_s
         self.sources: dict[str, Source] = {}
         self.position: dict[tuple[str, int], int] = {}  # next offset to process, per input partition (for lag)
+        self.refusals_log = LogBudget()  # every refusal counted (metrics); 20 log lines a minute
         for w in self.stages:
             for i in w.step.inputs:
                 full = self.target_name(i.topic)
@@ -133,7 +135,10 @@ class Lane:
             emits, state, failed = run_step(w, records)
             for rec, reason in failed:
                 w.metrics.errored += 1
-                w.log.warning("dead-lettered %s[%s]@%s: %s", rec.source, rec.partition, rec.offset, reason)
+                show, held = self.refusals_log.take()
+                if show:
+                    w.log.warning("dead-lettered %s[%s]@%s: %s%s", rec.source, rec.partition, rec.offset, reason,
+                                  self.refusals_log.suffix(held))
                 event = where[(rec.source, rec.partition, rec.offset)]
                 pending.append(await send_dead_letter(self.emitter, self.sources[rec.source].dlq, event, reason,
                                                       f"streams.{w.spec.name}"))
@@ -154,11 +159,15 @@ class Lane:
         if src.name not in self.counts:
             return  # another lane of this worker counted it (and, for an internal topic, dead-lettered it)
         self.metrics.refused[src.name] += 1
+        show, held = self.refusals_log.take()
         if src.registry:  # counted and logged once here; the sink writes its one dead letter
-            log.warning("refused %s[%s]@%s (the sink dead-letters it): %s", msg.topic, msg.partition, msg.offset,
-                        reason)
+            if show:
+                log.warning("refused %s[%s]@%s (the sink dead-letters it): %s%s", msg.topic, msg.partition,
+                            msg.offset, reason, self.refusals_log.suffix(held))
             return
-        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, reason)
+        if show:
+            log.warning("dead-lettered %s[%s]@%s: %s%s", msg.topic, msg.partition, msg.offset, reason,
+                        self.refusals_log.suffix(held))
         stages = {w.spec.name: w for w, _ in src.readers}
         for w in stages.values():  # the stage's own internal record: it dead-letters it
             w.metrics.errored += 1

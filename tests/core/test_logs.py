@@ -54,3 +54,17 @@ def test_a_record_shown_on_its_logger_is_not_judged_again_on_the_roots_handlers(
     now[0] = 61.0
     r = record("Unable connect to node with id 1: Connect call failed")
     assert noise.filter(r) and noise.filter(r) and r.levelno == logging.ERROR
+
+
+def test_a_flood_of_one_kind_of_line_is_held_to_a_budget_and_what_was_held_is_said():
+    from core.logs import LogBudget
+
+    now = [0.0]
+    budget = LogBudget(per_minute=3, clock=lambda: now[0])
+    shown = []
+    for t in range(0, 120, 2):  # one a second... every 2 s for two minutes
+        now[0] = float(t)
+        ok, held = budget.take()
+        if ok:
+            shown.append((t, held))
+    assert shown == [(0, 0), (2, 0), (4, 0), (60, 27), (62, 0), (64, 0)]
