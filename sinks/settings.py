@@ -27,7 +27,7 @@ class SinkSettings(CommonSettings):
                                                               "loopback needs FLEETPULSE_QUERY_TOKEN")
     query_max_rows: int = Field(default=1_000_000, ge=1, description="rows one answer may hold")
     query_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description="bytes one answer may hold")
-    query_max_seconds: float = Field(default=30.0, gt=0, le=3600, description="longest query (ingestion waits it)")
+    query_max_seconds: float = Field(default=30.0, gt=0, le=3600, description="longest query an analyst may run")
     query_max_memory_mb: int = Field(default=2048, ge=16, description="memory one query may use")
 
     @field_validator("query_host")

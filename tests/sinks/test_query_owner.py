@@ -137,3 +137,31 @@ async def test_a_token_guards_the_endpoint_when_one_is_set(settings_env, monkeyp
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_long_analyst_query_leaves_ingestion_running(settings_env):
+    settings = load(SinkSettings, sink_batch_max_seconds=0.2, query_port=free_port())
+    stop = asyncio.Event()
+    sink = ClickHouseSink(settings)
+    task = asyncio.create_task(run_sink(sink, stop))
+    now, sent = time.time(), 0
+    try:
+        while sink.stats.tables["gpu_samples"].rows == 0:
+            await produce(settings, [sample(h, sent, now) for h in range(3)])
+            sent += 1
+            await asyncio.sleep(0.3)
+        slow = asyncio.create_task(asyncio.to_thread(
+            ask_owner, settings, "SELECT count() FROM numbers(700000000) WHERE sipHash64(number) % 7 = 1"))
+        await asyncio.sleep(1.0)  # the query is running now
+        during = []
+        while not slow.done():
+            await produce(settings, [sample(h, sent, now) for h in range(3)])
+            sent += 1
+            during.append(sink.stats.tables["gpu_samples"].rows)
+            await asyncio.sleep(0.5)
+        assert int(await slow) > 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    grew = sum(1 for a, b in zip(during, during[1:]) if b > a)
+    assert len(during) >= 10 and grew >= len(during) * 0.6, during  # rows kept arriving all through the query
