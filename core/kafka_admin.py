@@ -3,17 +3,55 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from core.errors import BrokerError
+
+async def why_unreachable(client_args: dict, timeout: float = 10) -> str:
+    """What the bootstrap servers say to a client that cannot use them. A client's own error says only "Unable to
+    bootstrap"; the cause — a wrong password, a certificate the CA does not know, nothing listening — is in a log line.
+    Never the password: only the user name and mechanism are named."""
+    from aiokafka.conn import create_conn
+
+    keys = ("ssl_context", "security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
+    reasons = []
+    for server in str(client_args["bootstrap_servers"]).split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            conn = await asyncio.wait_for(create_conn(host, int(port), **{k: client_args[k] for k in keys
+                                                                           if k in client_args}), timeout)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, it is the answer
+            reasons.append(f"{server.strip()}: {_cause(exc, client_args)}")
+            continue
+        conn.close()
+        return f"{server.strip()} accepts a connection; the failure came later"
+    return "; ".join(reasons)
+
+
+def _cause(exc: BaseException, client_args: dict) -> str:
+    text = str(exc)
+    if "Authentication" in text or "SaslAuthenticationFailed" in type(exc).__name__:
+        who = f"{client_args.get('sasl_mechanism')} as {client_args.get('sasl_plain_username')!r}"
+        return f"authentication failed ({who}): {text}"
+    if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__ or "CERTIFICATE" in text:
+        return f"TLS handshake failed: {text}"
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return "no answer (timed out)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 
 async def create_missing(client_args: dict, wanted: list[NewTopic], timeout: float = 30) -> list[str]:
     """Create whichever of `wanted` do not exist yet, then wait for their partition leaders."""
     admin = AIOKafkaAdminClient(**client_args)
-    await admin.start()
+    try:
+        await admin.start()
+    except KafkaConnectionError as exc:
+        await admin.close()
+        raise BrokerError(f"Kafka refuses this client: {await why_unreachable(client_args)}") from exc
     try:
         existing = set(await admin.list_topics())
         missing = [nt for nt in wanted if nt.name not in existing]

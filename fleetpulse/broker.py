@@ -117,14 +117,30 @@ class TlsListener:
     keystore: Path
     truststore: Path
     client_auth: bool = True
+    # SASL_SSL with SCRAM-SHA-512 instead of plain SSL: (user, password) pairs, created when the storage is formatted
+    scram_users: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def protocol(self) -> str:
+        return "SASL_SSL" if self.scram_users else "SSL"
 
     def properties(self) -> list[str]:
-        return [
+        props = [
             "ssl.keystore.type=PEM", f"ssl.keystore.location={self.keystore}",
             "ssl.truststore.type=PEM", f"ssl.truststore.location={self.truststore}",
             f"ssl.client.auth={'required' if self.client_auth else 'none'}",
             "ssl.endpoint.identification.algorithm=https",
         ]
+        if self.scram_users:
+            props += ["sasl.enabled.mechanisms=SCRAM-SHA-512",
+                      "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
+                      "org.apache.kafka.common.security.scram.ScramLoginModule required;"]
+        return props
+
+    def format_args(self) -> list[str]:
+        """kafka-storage format arguments that create the SCRAM users."""
+        return [arg for user, password in self.scram_users
+                for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")]
 
 
 class LocalKafka:
@@ -236,7 +252,8 @@ class LocalKafka:
         log4j.write_text(LOG4J_PROPERTIES)
         if not (logs / "meta.properties").exists():  # format once; a restart keeps the existing logs
             fmt = subprocess.run([str(java), "-cp", classpath, f"-Dlog4j.configuration=file:{log4j}",
-                                  "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(self.properties)],
+                                  "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(self.properties),
+                                  *(self.tls.format_args() if self.tls else [])],
                                  capture_output=True, text=True, timeout=120)
             if fmt.returncode != 0:
                 raise BrokerError(f"kafka-storage format failed (exit {fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
@@ -250,14 +267,15 @@ class LocalKafka:
         self.pid_file.write_text(json.dumps({"pid": self._proc.pid, "port": self.port}))
 
     def _server_properties(self, logs: Path) -> str:
-        plain, ssl_ = f"PLAINTEXT://127.0.0.1:{self.port}", f",SSL://localhost:{self.tls.port}" if self.tls else ""
+        plain = f"PLAINTEXT://127.0.0.1:{self.port}"
+        ssl_ = f",{self.tls.protocol}://localhost:{self.tls.port}" if self.tls else ""
         return "\n".join([
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
             f"listeners={plain}{ssl_},CONTROLLER://127.0.0.1:{self.controller_port}",
             f"advertised.listeners={plain}{ssl_}",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
             *(self.tls.properties() if self.tls else []),
             "inter.broker.listener.name=PLAINTEXT",
             "controller.listener.names=CONTROLLER",

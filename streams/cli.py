@@ -69,6 +69,8 @@ async def _ensure_topics(settings, app: faust.App, timeout: float = 30.0) -> Non
             created += await create_missing(settings.kafka_client_args(),
                                             internal_topics(app_id(settings.topic_prefix), settings.streams_replication)
                                             + changelog_topics(app, settings.streams_replication))
+    except BrokerError:
+        raise  # already says why (a refused password, an unknown CA, nothing listening)
     except Exception as exc:  # noqa: BLE001 - connection refused, timeout, auth: the broker is not usable
         raise BrokerError(f"cannot create topics on {settings.bootstrap}: {exc!r}") from exc
     if created:

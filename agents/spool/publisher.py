@@ -18,6 +18,7 @@ from agents.spool.record import SpoolRecord
 from agents.spool.replay import InflightRecord, SpoolReplay
 from agents.spool.store import Spool, SpoolUnwritable
 from core.errors import BrokerError
+from core.kafka_admin import why_unreachable
 from core.settings import CommonSettings
 from schemas.topics import Topic
 
@@ -77,7 +78,9 @@ class SpoolingPublisher(SpoolReplay, Publisher):
         if await self._connect():
             self._direct = len(self.spool) == 0
         else:
-            log.warning("broker %s unreachable: spooling to %s", self.settings.bootstrap, self.spool.dir)
+            why = await why_unreachable(self._producer_args, timeout=self.connect_timeout_s)
+            log.warning("broker %s not usable (%s): spooling to %s, retrying", self.settings.bootstrap, why,
+                        self.spool.dir)
         self._pump_task = asyncio.create_task(self._pump(), name="spooling-publisher-pump")
 
     async def close(self, timeout: float | None = None) -> None:
