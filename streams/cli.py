@@ -147,6 +147,17 @@ def run(args: argparse.Namespace) -> int:
 def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asyncio.AbstractEventLoop,
                 started: float | None, children: list[subprocess.Popen]) -> int:
     lost: list[subprocess.Popen] = []
+    gave_up: list[str] = []
+
+    @app.timer(1.0)
+    async def _watch_stages() -> None:
+        for name, m in list(metrics_of(app).items()):
+            if not gave_up and m.recent_crashes(settings.streams_crash_window_s) >= settings.streams_max_crashes:
+                gave_up.append(name)
+                log.critical("stage %s crashed %d times in %gs (last: %s): stopping the worker", name,
+                             m.recent_crashes(settings.streams_crash_window_s), settings.streams_crash_window_s,
+                             m.last_error)
+                os.kill(os.getpid(), signal.SIGTERM)
 
     @app.timer(1.0)
     async def _watch_children() -> None:
@@ -180,12 +191,12 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
         worker.execute_from_commandline()  # installs SIGINT/SIGTERM handlers: stop, commit, close the loop
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        return code or (1 if lost else 0)
+        return code or (1 if lost or gave_up else 0)
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
-    return 1 if lost else 0
+    return 1 if lost or gave_up else 0
 
 
 def main(argv: list[str] | None = None) -> int:

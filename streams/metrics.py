@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,6 +23,18 @@ class StageMetrics:
     latency_sum_s: float = 0.0
     latency_max_s: float = 0.0
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    crashes: int = 0  # times its lane's loop raised (faust restarts it on the same records)
+    crash_times: list[float] = field(default_factory=list)  # monotonic, the most recent few
+    last_error: str = ""
+
+    def crashed(self, exc: BaseException, now: float | None = None) -> None:
+        self.crashes += 1
+        self.crash_times = [*self.crash_times[-19:], time.monotonic() if now is None else now]
+        self.last_error = repr(exc)[:500]
+
+    def recent_crashes(self, window_s: float, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        return sum(1 for t in self.crash_times if now - t <= window_s)
 
     def observe_batch(self, seconds: float) -> None:
         """Record how long one batch took, from taking it to its outputs being acknowledged by the broker."""

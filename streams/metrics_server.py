@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
+import orjson
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -38,6 +42,11 @@ class WorkerMetrics(Collector):
                 buckets.append((bound, cumulative))
             latency.add_metric([stage], buckets, m.latency_sum_s)
         yield latency
+        crashes = CounterMetricFamily("fleetpulse_stage_crashes", "times the stage's lane loop raised and was "
+                                      "restarted (/healthz fails for a minute after each)", labels=["stage"])
+        for stage, m in list(self.metrics.items()):
+            crashes.add_metric([stage], m.crashes)
+        yield crashes
         refused = CounterMetricFamily("fleetpulse_topic_refused", "records the topic's validator refused, once per "
                                       "record in this worker (the sink dead-letters them)", labels=["topic"])
         for topic, n in sorted(self.metrics.refused.items()):
@@ -62,8 +71,35 @@ def exposition(metrics: MetricsRegistry, lag: Lag | None = None) -> str:
     return generate_latest(registry_for(metrics, lag)).decode()
 
 
+HEALTH_WINDOW_S = 60.0  # a stage whose lane crashed this recently is not healthy
+
+
+def health(metrics: MetricsRegistry, now: float | None = None) -> tuple[bool, dict]:
+    """(healthy, per stage: crashes in the last minute and in all, the last error) for /healthz."""
+    stages = {name: {"crashes_last_minute": m.recent_crashes(HEALTH_WINDOW_S, now), "crashes": m.crashes,
+                     **({"last_error": m.last_error} if m.last_error else {})} for name, m in sorted(metrics.items())}
+    failing = sorted(name for name, st in stages.items() if st["crashes_last_minute"])
+    return not failing, {"healthy": not failing, "failing": failing, "stages": stages}
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # no access log on stderr
+        pass
+
+
 def serve(metrics: MetricsRegistry, port: int, addr: str = "0.0.0.0", lag: Lag | None = None):
-    """Serve /metrics from a daemon thread; returns the server (its `server_port` is the bound port)."""
-    server, _thread = start_http_server(port, addr, registry=registry_for(metrics, lag))
-    log.info("worker metrics on http://%s:%d/metrics", addr, server.server_port)
+    """Serve /metrics and /healthz (200, or 503 naming the stages whose lane crashed in the last minute) from a daemon
+    thread; returns the server (its `server_port` is the bound port)."""
+    metrics_app = make_wsgi_app(registry_for(metrics, lag))
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") == "/healthz":
+            ok, body = health(metrics)
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
+            return [orjson.dumps(body)]
+        return metrics_app(environ, start_response)
+
+    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="worker-metrics", daemon=True).start()
+    log.info("worker metrics on http://%s:%d/metrics (health: /healthz)", addr, server.server_port)
     return server

@@ -41,6 +41,9 @@ class StreamsSettings(CommonSettings):
                                          "when the hand-over has to wait (streams/runtime/delivery.py): ~30 % less "
                                          "CPU; false: faust's own fetch loop")
     streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
+    streams_max_crashes: int = Field(default=5, ge=1, description="a stage whose lane crashes this many times within "
+                                     "streams_crash_window_s stops the worker (exit 1) instead of looping half-alive")
+    streams_crash_window_s: float = Field(default=300.0, gt=0)
     rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
     rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')
     # Rule parameters, one JSON object each (FLEETPULSE_LIFECYCLE='{"min_dwell_s": 300}'); unset = the defaults

@@ -98,8 +98,19 @@ class Lane:
         return t.full(self.app_id) if isinstance(t, InternalTopic) else t.full(self.prefix)
 
     async def run(self, stream) -> None:
-        async for events in stream.take_events(self.batch_max, within=self.within_s):
-            await self.batch(events)
+        """The lane's loop. Should it raise (a producer error that outlived its retries, a runtime bug), every stage
+        of the lane counts the crash (metrics, /healthz) before faust restarts the loop; the worker gives up, loudly,
+        when one keeps crashing (streams/cli.py)."""
+        try:
+            async for events in stream.take_events(self.batch_max, within=self.within_s):
+                await self.batch(events)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            for w in self.stages:
+                w.metrics.crashed(exc)
+            log.error("lane %s crashed (%d times so far): %r", self.name, self.stages[0].metrics.crashes, exc)
+            raise
 
     async def batch(self, events: Sequence[EventT]) -> None:
         """Decode once, step every stage, send, await acks, then write state; faust acks the events after this."""
