@@ -39,6 +39,8 @@ class CommonSettings(BaseSettings):
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
     query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
     query_token: SecretStr | None = Field(default=None, description="bearer token the query endpoint requires")
+    max_future_s: float = Field(default=2 * 86_400.0, gt=0, description="a record stamped further ahead of this "
+                                "process's clock is refused (a host clock years ahead would freeze its state)")
 
     @field_validator("kafka_security_protocol")
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import time
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -99,8 +100,30 @@ def lean_type(model: type[BaseModel]) -> type:
     return TypedDict(model.__name__, fields)  # type: ignore[operator]
 
 
+@functools.cache
+def max_future_s() -> float:
+    """How far ahead of this process's clock a record's time may be (FLEETPULSE_MAX_FUTURE_S)."""
+    from core.settings import CommonSettings, load
+
+    return load(CommonSettings).max_future_s
+
+
+def _stamps(model: type[BaseModel]) -> tuple[str | None, str | None]:
+    """The record's own time field, and the list whose items carry theirs (NcclStep's ranks)."""
+    own = "ts" if "ts" in model.model_fields else None
+    nested = next((name for name, info in model.model_fields.items()
+                   if typing.get_origin(info.annotation) is list and typing.get_args(info.annotation)
+                   and isinstance(typing.get_args(info.annotation)[0], type)
+                   and issubclass(typing.get_args(info.annotation)[0], BaseModel)
+                   and "ts" in typing.get_args(info.annotation)[0].model_fields), None)
+    return own, nested
+
+
 class Validator:
-    """Decode and check records of one model: `decode(raw bytes)` for consumers, `check(dict)` for in-memory values."""
+    """Decode and check records of one model: `decode(raw bytes)` for consumers, `check(dict)` for in-memory values.
+
+    Consumers also refuse a record stamped more than max_future_s() ahead of their clock: one sample from a host whose
+    clock says 2031 would move that host's watermark there, and every true sample after it would look stale."""
 
     def __init__(self, model: type[BaseModel]):
         self.model = model
@@ -110,6 +133,7 @@ class Validator:
                           for name, info in model.model_fields.items() if not info.is_required()]
         self._checks: tuple[LeanCheck, ...] = getattr(model, "lean_checks", ())
         self._fields = len(model.model_fields)
+        self._ts, self._nested_ts = _stamps(model)
 
     def decode(self, raw: bytes | None) -> dict:
         """Bytes -> the checked record as plain dicts; DecodeError names the first field at fault."""
@@ -136,6 +160,8 @@ class Validator:
         return self._finish(checked)
 
     def _finish(self, value: dict) -> dict:
+        if self._ts is not None or self._nested_ts is not None:
+            self._not_ahead(value)
         for check in self._checks:
             reason = check(value)
             if reason is not None:
@@ -145,6 +171,17 @@ class Validator:
                 if name not in value:
                     value[name] = default()
         return value
+
+
+    def _not_ahead(self, value: dict) -> None:
+        latest = time.time() + max_future_s()
+        stamps = [value[self._ts]] if self._ts is not None and value.get(self._ts) is not None else []
+        if self._nested_ts is not None:
+            stamps += [item["ts"] for item in value.get(self._nested_ts) or () if item.get("ts") is not None]
+        for ts in stamps:
+            if ts > latest:
+                raise DecodeError(f"invalid {self.model.__name__}: ts {ts!r} is {(ts - latest + max_future_s()) / 3600:.1f} "
+                                  f"h ahead of this consumer's clock (FLEETPULSE_MAX_FUTURE_S={max_future_s():g})")
 
 
 @functools.cache

@@ -135,8 +135,9 @@ def mutate(topic: Topic, record: dict, rng: random.Random) -> tuple[bytes, str]:
         return raw[:-1] + f',"host":"{dup}"}}'.encode(), "duplicate key host, the last one keyed (valid)", key
     if kind == 15:
         return raw, "keyed by another host", b"someone-else"
-    ts = rng.choice([-5.0, 0.0, 1e300, 2**64, 10_413_792_000.0, "2026-12-01T00:00:00Z"])
     field = ("ranks", 0, "ts") if topic is NCCL else ("ts",)
+    ahead = (record["ranks"][0]["ts"] if topic is NCCL else record["ts"]) + 400 * 86_400  # a host clock a year ahead
+    ts = rng.choice([-5.0, 0.0, 1e300, 2**64, 10_413_792_000.0, "2026-12-01T00:00:00Z", ahead])
     return _dumps(_set(record, field, ts)), f"ts {ts!r}", None
 
 

@@ -136,3 +136,28 @@ def test_a_record_keyed_by_another_host_than_its_own_is_refused():
     for key in (b"someone-else", None, b""):
         with pytest.raises(DecodeError, match="is not its host"):
             SAMPLES.decode_keyed(key, raw)
+
+
+def test_a_record_stamped_far_ahead_of_the_consumers_clock_is_refused(monkeypatch):
+    import time
+
+    from schemas.validate import max_future_s
+
+    now = time.time()
+    assert SAMPLES.decode(orjson.dumps({**SAMPLE, "ts": now + 3600}))  # an hour ahead (a simulation running flat out)
+    with pytest.raises(DecodeError, match=r"ts .* is 8760.0 h ahead of this consumer's clock"):
+        SAMPLES.decode(orjson.dumps({**SAMPLE, "ts": now + 365 * 86_400}))  # an RTC a year ahead
+    step = orjson.loads(encode(NCCL.model.model_validate({
+        "job": "j", "world_size": 2, "host": "h", "collective": "AllReduce", "seq": 1, "bytes": 1,
+        "ranks": [{"rank": 0, "ts": now, "compute_us": 1.0, "collective_us": 1.0}]})))
+    step["ranks"][0]["ts"] = now + 30 * 86_400
+    with pytest.raises(DecodeError, match="ahead of this consumer's clock"):
+        NCCL.decode(orjson.dumps(step))
+    monkeypatch.setenv("FLEETPULSE_MAX_FUTURE_S", "60")
+    max_future_s.cache_clear()
+    try:
+        with pytest.raises(DecodeError, match="FLEETPULSE_MAX_FUTURE_S=60"):
+            SAMPLES.decode(orjson.dumps({**SAMPLE, "ts": now + 3600}))
+    finally:
+        monkeypatch.delenv("FLEETPULSE_MAX_FUTURE_S")
+        max_future_s.cache_clear()
