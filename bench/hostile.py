@@ -22,24 +22,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.logs import quiet_transient_client_logs  # noqa: E402
+from fleetpulse.broker import broker_for  # noqa: E402
 from tests.hostile_pipeline import through_pipeline  # noqa: E402
 
 
 async def main(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="fleetpulse-hostile-"))
-    broker = None
-    if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        from fleetpulse.broker import LocalKafka
-
-        broker = LocalKafka(tmp / "data", port=39093)
-        os.environ["KAFKA_BOOTSTRAP_SERVERS"] = await asyncio.to_thread(broker.start)
     os.environ.update({"FLEETPULSE_TOPIC_PREFIX": f"hostile{uuid.uuid4().hex[:6]}.",
                        "FLEETPULSE_CLICKHOUSE_URL": f"chdb://{tmp / 'chdb'}", "FLEETPULSE_DATA_DIR": str(tmp / "d")})
-    try:
+    async with broker_for(tmp / "data", port=39093):
         report = await through_pipeline(args.per_topic, args.seed, tmp / "worker.log", timeout=args.timeout)
-    finally:
-        if broker is not None:
-            await asyncio.to_thread(broker.stop)
     checks = {topic: {"tried": args.per_topic, **report["stats"][topic], **report["expected"][topic],
                       "dead_letters_are_the_refused_records": report["dead_letters"][topic] == report["refused_at"][topic]}
               for topic in report["stats"]}

@@ -36,6 +36,7 @@ from agents.simulator.runner import FleetSimulator, simulate
 from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic
 from core.logs import quiet_transient_client_logs
+from fleetpulse.broker import broker_for
 from core.settings import CommonSettings
 from schemas.tables import TABLES
 from schemas.topics import NCCL, SAMPLES, XID, Topic
@@ -263,19 +264,10 @@ async def worker_runs(args, tmp: Path) -> dict:
 
 async def main(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="fleetpulse-bench-"))
-    broker = None
-    if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        from fleetpulse.broker import LocalKafka
-
-        broker = LocalKafka(tmp / "data", port=39092)
-        os.environ["KAFKA_BOOTSTRAP_SERVERS"] = await asyncio.to_thread(broker.start)
-    try:
+    async with broker_for(tmp / "data", port=39092):
         if args.stages == "all" or args.baseline is not None:
             return await worker_runs(args, tmp)
         return await pipeline(args, tmp)
-    finally:
-        if broker is not None:
-            await asyncio.to_thread(broker.stop)
 
 
 async def pipeline(args, tmp: Path) -> dict:

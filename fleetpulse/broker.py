@@ -333,3 +333,19 @@ def ensure_broker(settings: CommonSettings, timeout: float = 120) -> str:
     bootstrap = client_args.pop("bootstrap_servers")
     _run_async(lambda: round_trip(bootstrap, timeout=timeout, **client_args))
     return bootstrap
+
+
+@contextlib.asynccontextmanager
+async def broker_for(data_dir: Path, port: int):
+    """KAFKA_BOOTSTRAP_SERVERS when it is set; else a local broker under `data_dir`, started here and stopped on exit
+    (for benchmarks and other one-off runs that must leave nothing running)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return
+    broker = LocalKafka(data_dir, port=port)
+    os.environ["KAFKA_BOOTSTRAP_SERVERS"] = await asyncio.to_thread(broker.start)
+    try:
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    finally:
+        os.environ.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+        await asyncio.to_thread(broker.stop)

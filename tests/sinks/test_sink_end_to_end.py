@@ -59,6 +59,18 @@ async def sink_until(settings: SinkSettings, done, timeout: float = 60.0) -> Cli
     return await asyncio.wait_for(task, 30)
 
 
+async def read_dead_letters(settings: SinkSettings, topic) -> list[tuple[dict, bytes | None]]:
+    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic.dlq(settings.topic_prefix), 0)
+        consumer.assign([tp])
+        batch = await consumer.getmany(tp, timeout_ms=10_000)
+        return [original(r.value) for r in batch.get(tp, [])]
+    finally:
+        await consumer.stop()
+
+
 def rows_in(settings: SinkSettings, sql: str):
     return store.connect(settings).query(sql).result_rows
 
@@ -105,15 +117,7 @@ async def test_poison_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(s
                      and s.stats.tables["gpu_samples"].dead_letters >= 2)
     assert rows_in(settings, "SELECT count() FROM gpu_samples") == [(len(good) * 8,)]
 
-    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        tp = TopicPartition(SAMPLES.dlq(settings.topic_prefix), 0)
-        consumer.assign([tp])
-        batch = await consumer.getmany(tp, timeout_ms=10_000)
-        letters = [original(r.value) for r in batch.get(tp, [])]
-    finally:
-        await consumer.stop()
+    letters = await read_dead_letters(settings, SAMPLES)
     assert len(letters) == 2
     reasons = [facts["reason"] for facts, _ in letters]
     assert reasons[0].startswith("not JSON")
@@ -142,17 +146,6 @@ async def test_live_table_drift_stops_the_sink_at_start(settings):
     with pytest.raises(StoreError, match="gpu_samples"):
         await run_sink(ClickHouseSink(settings), asyncio.Event())
 
-
-async def read_dead_letters(settings: SinkSettings, topic) -> list[tuple[dict, bytes | None]]:
-    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic.dlq(settings.topic_prefix), 0)
-        consumer.assign([tp])
-        batch = await consumer.getmany(tp, timeout_ms=5_000)
-        return [original(r.value) for r in batch.get(tp, [])]
-    finally:
-        await consumer.stop()
 
 
 async def test_a_record_the_store_refuses_is_dead_lettered_once_and_the_rest_of_its_batch_is_stored(settings):
