@@ -33,7 +33,8 @@ async def main(args) -> dict:
     async with broker_for(tmp / "data", port=39093):
         report = await through_pipeline(args.per_topic, args.seed, tmp / "worker.log", timeout=args.timeout)
     checks = {topic: {"tried": args.per_topic, **report["stats"][topic], **report["expected"][topic],
-                      "dead_letters_are_the_refused_records": report["dead_letters"][topic] == report["refused_at"][topic]}
+                      "dead_letters_are_the_refused_records":
+                          report["dead_letters"][topic] == report["refused_at"][topic]}
               for topic in report["stats"]}
     return {"per_topic": args.per_topic, "seed": args.seed, "seconds": report["seconds"], "topics": checks,
             "worker_exit": report["worker_exit"], "peak_rss_mb": report["peak_rss_mb"],

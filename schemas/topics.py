@@ -34,6 +34,10 @@ class Topic:
     # An older record form the topic still carries (records already on it, agents not yet upgraded): its model, and
     # how a checked record of it becomes `model`'s form. Tried when a record is not `model`'s.
     legacy: tuple[type[BaseModel], Callable[[dict], dict]] | None = None
+    # Consumers refuse a record whose Kafka key is not its `key` field (decode_keyed): the raw topics, written by
+    # agents and third-party producers, whose records the keyed stages fold into per-host (per-job) state. The
+    # pipeline's own outputs key some records otherwise on purpose (a rack's power alert by its rack).
+    key_checked: bool = False
 
     def full(self, prefix: str = "") -> str:
         """The topic's name on the cluster: a namespace prefix (e.g. 'staging.') before the registry name."""
@@ -53,10 +57,11 @@ class Topic:
             return self._legacy(exc, lambda model: validator(model).decode(raw))
 
     def decode_keyed(self, key: bytes | None, raw: bytes | None) -> dict:
-        """decode(), and the record's Kafka key must be its `key` field: every keyed stage and table relies on one
-        host's (or job's) records sharing a partition, in order. A record keyed otherwise is refused like a bad one."""
+        """decode(), and on a key_checked topic the record's Kafka key must be its `key` field: every keyed stage and
+        table relies on one host's (or job's) records sharing a partition, in order. A record keyed otherwise is
+        refused like a bad one."""
         value = self.decode(raw)
-        if key != self.key_of(value):
+        if self.key_checked and key != self.key_of(value):
             raise DecodeError(f"record key {key!r:.80} is not its {self.key} {str(value[self.key])!r:.80}")
         return value
 
@@ -85,9 +90,10 @@ class Topic:
 
 # Partition counts are chosen up front: faust tables cannot be re-partitioned later.
 _TOPICS = [
-    Topic("fleet.telemetry.samples", "host", HostSample, 8, 3 * DAY_MS, description="one sample per host per interval"),
-    Topic("fleet.telemetry.xid", "host", XidEvent, 8, 14 * DAY_MS, description="XID / SXid events"),
-    Topic("fleet.telemetry.nccl", "job", NcclStep, 8, 3 * DAY_MS, legacy=(NcclTiming, step_of),
+    Topic("fleet.telemetry.samples", "host", HostSample, 8, 3 * DAY_MS, key_checked=True,
+          description="one sample per host per interval"),
+    Topic("fleet.telemetry.xid", "host", XidEvent, 8, 14 * DAY_MS, key_checked=True, description="XID / SXid events"),
+    Topic("fleet.telemetry.nccl", "job", NcclStep, 8, 3 * DAY_MS, legacy=(NcclTiming, step_of), key_checked=True,
           description="collective timings, one record per host and collective (per-rank NcclTiming still read)"),
     Topic("fleet.health.scores", "host", HealthScore, 8, 7 * DAY_MS, description="GPU and node health scores"),
     Topic("fleet.faults", "host", FaultEvent, 8, 30 * DAY_MS, description="binned fault events"),

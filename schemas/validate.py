@@ -180,8 +180,9 @@ class Validator:
             stamps += [item["ts"] for item in value.get(self._nested_ts) or () if item.get("ts") is not None]
         for ts in stamps:
             if ts > latest:
-                raise DecodeError(f"invalid {self.model.__name__}: ts {ts!r} is {(ts - latest + max_future_s()) / 3600:.1f} "
-                                  f"h ahead of this consumer's clock (FLEETPULSE_MAX_FUTURE_S={max_future_s():g})")
+                ahead_h = (ts - latest + max_future_s()) / 3600
+                raise DecodeError(f"invalid {self.model.__name__}: ts {ts!r} is {ahead_h:.1f} h ahead of this "
+                                  f"consumer's clock (FLEETPULSE_MAX_FUTURE_S={max_future_s():g})")
 
 
 @functools.cache

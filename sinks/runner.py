@@ -215,7 +215,8 @@ class ClickHouseSink:
         the batch's records (the resume watermark, the highest stored offset, stays true across a crash)."""
         if len(entries) == 1:
             e = entries[0]
-            await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key, f"the store refused it: {exc}")
+            await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key,
+                                        f"the store refused it: {exc}")
             self.stats.tables[batch.table.name].dead_letters += 1
             return [e]
         refused: list[Entry] = []

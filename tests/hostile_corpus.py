@@ -3,8 +3,8 @@
 Each record is derived from a good one by one mutation, drawn by a seeded RNG: truncated or invalid JSON, invalid
 UTF-8, NaN and Infinity tokens, numbers past 64 bits, negative and enormous GPU indices and timestamps, wrong types,
 deep nesting, values near the broker's 1 MB limit, 300 GPUs, duplicate GPU indices, duplicate JSON keys, and host
-names with control, bidi and SQL-looking characters, records keyed by another host. Some stay valid (unknown keys, duplicate keys, hostile but
-well-formed strings): those must be stored like any other record; the rest must be refused, once.
+names with control, bidi and SQL-looking characters, records keyed by another host, clocks a year ahead. Some stay
+valid (unknown keys, duplicate keys, hostile but well-formed strings): those must be stored like any other record; the rest must be refused, once.
 """
 
 from __future__ import annotations

@@ -161,3 +161,13 @@ def test_a_record_stamped_far_ahead_of_the_consumers_clock_is_refused(monkeypatc
     finally:
         monkeypatch.delenv("FLEETPULSE_MAX_FUTURE_S")
         max_future_s.cache_clear()
+
+
+def test_the_pipelines_own_outputs_may_key_otherwise():
+    from schemas.topics import TOPICS
+
+    alerts = TOPICS["fleet.alerts"]
+    rack_alert = orjson.loads(encode(alerts.model.model_validate({
+        "fingerprint": "f", "status": "firing", "alertname": "RackPowerOverBudget", "severity": "warning", "ts": 1e9,
+        "starts_at": 1e9, "host": "", "rack": "r1", "value": 9e4, "threshold": 8e4, "summary": "rack r1 over budget"})))
+    assert alerts.decode_keyed(b"fleet", orjson.dumps(rack_alert))["rack"] == "r1"  # keyed by rack/fleet on purpose

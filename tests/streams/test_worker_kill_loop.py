@@ -42,7 +42,8 @@ async def test_the_worker_killed_ten_times_turns_every_xid_into_one_fault(settin
     pairs = [(f"h{h:02d}", g) for h in range(HOSTS) for g in range(GPUS)]
     random.Random(5).shuffle(pairs)
     xids = [(host.encode(), orjson.dumps({"host": host, "ts": t0 + k, "code": 13, "gpu_index": g,
-                                          "message": "Graphics Engine Exception"})) for k, (host, g) in enumerate(pairs)]
+                                          "message": "Graphics Engine Exception"}))
+            for k, (host, g) in enumerate(pairs)]
     per_round = len(xids) // (KILLS + 1) + 1
     rng, log = random.Random(9), tmp_path / "worker.log"
     group = group_id(topic_prefix, "telemetry")
