@@ -11,6 +11,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from core.errors import BrokerError
 
+
 async def why_unreachable(client_args: dict, timeout: float = 10) -> str:
     """What the bootstrap servers say to a client that cannot use them. A client's own error says only "Unable to
     bootstrap"; the cause — a wrong password, a certificate the CA does not know, nothing listening — is in a log line.

@@ -110,13 +110,13 @@ def max_future_s() -> float:
 
 def _stamps(model: type[BaseModel]) -> tuple[str | None, str | None]:
     """The record's own time field, and the list whose items carry theirs (NcclStep's ranks)."""
-    own = "ts" if "ts" in model.model_fields else None
-    nested = next((name for name, info in model.model_fields.items()
-                   if typing.get_origin(info.annotation) is list and typing.get_args(info.annotation)
-                   and isinstance(typing.get_args(info.annotation)[0], type)
-                   and issubclass(typing.get_args(info.annotation)[0], BaseModel)
-                   and "ts" in typing.get_args(info.annotation)[0].model_fields), None)
-    return own, nested
+    nested = None
+    for name, info in model.model_fields.items():
+        item = typing.get_args(info.annotation)[0] if typing.get_origin(info.annotation) is list else None
+        if isinstance(item, type) and issubclass(item, BaseModel) and "ts" in item.model_fields:
+            nested = name
+            break
+    return ("ts" if "ts" in model.model_fields else None), nested
 
 
 class Validator:
@@ -172,17 +172,15 @@ class Validator:
                     value[name] = default()
         return value
 
-
     def _not_ahead(self, value: dict) -> None:
-        latest = time.time() + max_future_s()
         stamps = [value[self._ts]] if self._ts is not None and value.get(self._ts) is not None else []
         if self._nested_ts is not None:
             stamps += [item["ts"] for item in value.get(self._nested_ts) or () if item.get("ts") is not None]
+        now, limit = time.time(), max_future_s()
         for ts in stamps:
-            if ts > latest:
-                ahead_h = (ts - latest + max_future_s()) / 3600
-                raise DecodeError(f"invalid {self.model.__name__}: ts {ts!r} is {ahead_h:.1f} h ahead of this "
-                                  f"consumer's clock (FLEETPULSE_MAX_FUTURE_S={max_future_s():g})")
+            if ts > now + limit:
+                raise DecodeError(f"invalid {self.model.__name__}: ts {ts!r} is {(ts - now) / 3600:.1f} h ahead of "
+                                  f"this consumer's clock (FLEETPULSE_MAX_FUTURE_S={limit:g})")
 
 
 @functools.cache

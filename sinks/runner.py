@@ -79,6 +79,9 @@ class ClickHouseSink:
         self.query_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-query")
         self.client = None
         self.query_client = None
+        s = settings
+        self.query_limits = QueryLimits(s.query_max_rows, s.query_max_bytes, s.query_max_seconds,
+                                        s.query_max_memory_mb << 20)
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.stored: dict[tuple[str, int], int] = {}  # highest offset already in ClickHouse, per partition
@@ -250,13 +253,10 @@ class ClickHouseSink:
     async def query(self, sql: str) -> bytes:
         """An analyst's read-only statement on the sink's own store (the one process allowed to open an embedded
         store), within the settings' limits, on the query thread: inserts go on meanwhile."""
-        s = self.settings
-        limits = QueryLimits(s.query_max_rows, s.query_max_bytes, s.query_max_seconds, s.query_max_memory_mb << 20)
-
         def run() -> bytes:
             if self.query_client is None:
-                self.query_client = store.connect(s)
-            return store.run_guarded(self.query_client, sql, limits)
+                self.query_client = store.connect(self.settings)
+            return store.run_guarded(self.query_client, sql, self.query_limits)
 
         return await asyncio.get_running_loop().run_in_executor(self.query_thread, run)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 from typing import Callable
@@ -19,6 +18,7 @@ from agents.spool.replay import InflightRecord, SpoolReplay
 from agents.spool.store import Spool, SpoolUnwritable
 from core.errors import BrokerError
 from core.kafka_admin import why_unreachable
+from core.logs import LogBudget
 from core.settings import CommonSettings
 from schemas.topics import Topic
 
@@ -58,7 +58,7 @@ class SpoolingPublisher(SpoolReplay, Publisher):
         self.connect_timeout_s, self.shutdown_timeout_s = connect_timeout_s, shutdown_timeout_s
         self.replay_batch, self.clock = replay_batch, clock
         self.spooled = self.replayed = self.outages = self.unspooled = self.pump_errors = 0
-        self._unspooled_said = -math.inf
+        self._unspooled_log = LogBudget(per_minute=1)
         self._inflight: deque[InflightRecord] = deque()
         self._direct = False  # new records go straight to the producer
         self._broken = False  # the producer must be replaced before the next send
@@ -153,9 +153,7 @@ class SpoolingPublisher(SpoolReplay, Publisher):
     def _unspoolable(self, records: int, exc: SpoolUnwritable) -> None:
         """Records neither the broker nor the disk took: counted in `dropped`, said at once and then once a minute."""
         self.unspooled += records
-        now = time.monotonic()
-        if now - self._unspooled_said >= 60.0:
-            self._unspooled_said = now
+        if self._unspooled_log.take()[0]:
             log.error("%s; %d records dropped so far (the broker is not acknowledging and the spool cannot grow)",
                       exc, self.unspooled)
 

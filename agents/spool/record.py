@@ -85,7 +85,6 @@ class Scan:
 
     frames: list[tuple[int, int]]
     damaged: list[tuple[int, int]]
-    size: int
 
     @property
     def clean(self) -> bool:
@@ -111,4 +110,4 @@ def scan(data: bytes) -> Scan:
         while at < len(data) and frame_at(view, at) is None:
             at += 1
         damaged.append((bad, at))
-    return Scan(frames, damaged, len(data))
+    return Scan(frames, damaged)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -106,8 +107,10 @@ class Spool:
     def _load(self, seg: _Segment, consumed: int) -> None:
         """Read a segment's frames (`consumed`: the byte offset delivered up to, in the file as it is); a damaged
         segment is rewritten with its intact frames only, and the delivered ones stay delivered."""
-        found = scan(seg.path.read_bytes())
+        data = seg.path.read_bytes()
+        found = scan(data)
         seg.consumed_records = sum(1 for _, end in found.frames if end <= consumed)
+        ends = [end for _, end in found.frames]
         if not found.clean:
             self.corrupt += len(found.damaged)
             lost = sum(b - a for a, b in found.damaged)
@@ -116,17 +119,15 @@ class Spool:
             if self._fd is not None and self._segments and seg.id == max(self._segments):
                 os.close(self._fd)  # appends would go on into the replaced file: the next one rotates
                 self._fd = None
-            data = seg.path.read_bytes()
-            kept = b"".join(data[a:b] for a, b in found.frames)
             tmp = seg.path.with_suffix(".tmp")
             with open(tmp, "wb") as f:
-                f.write(kept)
+                f.write(b"".join(data[a:b] for a, b in found.frames))
                 if self.fsync != "never":
                     os.fsync(f.fileno())
             os.replace(tmp, seg.path)
-            found = scan(kept)
-        seg.size, seg.records = found.size, len(found.frames)
-        seg.consumed = found.frames[seg.consumed_records - 1][1] if seg.consumed_records else 0
+            ends = list(itertools.accumulate(b - a for a, b in found.frames))  # where they end in the new file
+        seg.size, seg.records = (ends[-1] if ends else 0), len(ends)
+        seg.consumed = ends[seg.consumed_records - 1] if seg.consumed_records else 0
 
     # -- writing ---------------------------------------------------------------------------------------------------
     def append(self, record: SpoolRecord) -> None:

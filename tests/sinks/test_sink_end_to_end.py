@@ -7,7 +7,7 @@ import time
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from schemas.provision import ensure_topics
 from core.settings import load
@@ -20,6 +20,7 @@ from sinks import store
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
+from tests.streams.test_worker_integration import read_all
 
 pytestmark = pytest.mark.integration
 
@@ -60,15 +61,7 @@ async def sink_until(settings: SinkSettings, done, timeout: float = 60.0) -> Cli
 
 
 async def read_dead_letters(settings: SinkSettings, topic) -> list[tuple[dict, bytes | None]]:
-    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic.dlq(settings.topic_prefix), 0)
-        consumer.assign([tp])
-        batch = await consumer.getmany(tp, timeout_ms=10_000)
-        return [original(r.value) for r in batch.get(tp, [])]
-    finally:
-        await consumer.stop()
+    return [original(r.value) for r in await read_all(settings.bootstrap, topic.dlq(settings.topic_prefix), 1)]
 
 
 def rows_in(settings: SinkSettings, sql: str):
