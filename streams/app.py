@@ -124,7 +124,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     datadir = Path(workdir or s.data_dir / "streams")
     datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
     namespace = app_id(s.topic_prefix)
-    delivery.install(s.streams_eager_delivery)
+    direct = delivery.install(s.streams_eager_delivery) and s.streams_direct_lanes
     app = faust.App(
         group_id(s.topic_prefix, worker),
         Table=_namespaced_table(namespace),
@@ -159,7 +159,9 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
                     within_s=min([s.streams_batch_within_s] + [w for st in stages
                                                                if (w := st.step.batch_within_s(st.config)) is not None]))
         channel = app.topic(*lane.sources, key_serializer="raw", value_serializer="raw")
-        agent = app.agent(channel, name=f"lane.{name}", concurrency=1)(lane.run)
+        agent = app.agent(channel, name=f"lane.{name}", concurrency=1)(lane.run)  # subscribes; tests feed it
+        if direct:
+            lane.take_direct(app, max(4 * lane.batch_max, app.conf.stream_buffer_maxsize))
         runtime.lanes.append(lane)
         for st in stages:
             runtime.agents.setdefault(st.spec.name, []).append(agent)

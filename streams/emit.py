@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import faust
-from faust.types import EventT
+from faust.types import Message
 
 from schemas.dead_letter import dead_letter
 
@@ -65,9 +65,8 @@ class MemoryEmitter:
         return [s for s in self.sent if s.topic == topic]
 
 
-async def send_dead_letter(emitter: Emitter, dlq_topic: str, event: EventT, reason: str, component: str) -> Awaitable:
+async def send_dead_letter(emitter: Emitter, dlq_topic: str, msg: Message, reason: str, component: str) -> Awaitable:
     """Route one refused record to its dead-letter topic with the reason, source topic, partition and offset."""
-    msg = event.message
     key, value, headers = dead_letter(msg.value, key=msg.key, reason=reason, topic=msg.topic,
                                       partition=msg.partition, offset=msg.offset, component=component)
     return await emitter.send(dlq_topic, key, value, headers)

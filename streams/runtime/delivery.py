@@ -16,6 +16,9 @@ whenever a check said it could not block, and could hold the fetch loop on a wai
 producer's buffer or the conductor's lock. The hang once blamed on it was a changelog topic missing from the group's
 assignment on a fresh broker: streams/cli.py changelog_topics.) Reaches into faust's consumer (`_read_offset`): faust
 is pinned (pyproject.toml), and a different version keeps its own loop.
+
+A record of a lane's input topic does not take the conductor's path at all: it goes into the inboxes of the lanes that
+read it (inbox.py), which take it in batches (FLEETPULSE_STREAMS_DIRECT_LANES; on by default).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
     set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
     commit_every = self._commit_every
     acks_enabled_for = self.app.topics.acks_enabled_for
+    routes = inboxes(self.app)  # topic -> the inboxes of the lanes that read it (streams/runtime/inbox.py)
     since_yield = 0
     try:
         while not (consumer_should_stop() or fetcher_should_stop()):
@@ -104,9 +108,13 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
                         if commit_every is not None and self._n_acked >= commit_every:
                             self._n_acked = 0
                             await self.commit()
-                        rest = start(callback(message))
-                        if rest is not None:  # it waits: from here on as faust's loop does
-                            await self.wait_first(rest, self.suspend_flow.wait())
+                        lanes = routes.get(message.topic)
+                        if lanes is not None:
+                            await _hand_over(self, message, lanes)
+                        else:
+                            rest = start(callback(message))
+                            if rest is not None:  # it waits: from here on as faust's loop does
+                                await self.wait_first(rest, self.suspend_flow.wait())
                         set_read_offset(tp, offset)
                 unset_flag(CONSUMER_FETCHING)
     except self.consumer_stopped_errors:
@@ -124,6 +132,35 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
         raise
     finally:
         unset_flag(CONSUMER_FETCHING)
+
+
+def inboxes(app) -> dict[str, tuple]:
+    """Per input topic, the inboxes of the app's lanes that take records straight from this loop (none: faust's)."""
+    runtime = getattr(app, "fleetpulse", None)
+    out: dict[str, list] = {}
+    for lane in getattr(runtime, "lanes", ()):
+        if lane.inbox is not None:
+            for topic in lane.sources:
+                out.setdefault(topic, []).append(lane.inbox)
+    return {topic: tuple(boxes) for topic, boxes in out.items()}
+
+
+async def _hand_over(consumer, message, lanes: tuple) -> None:
+    """Into each reading lane's inbox, as faust's conductor hands a record to its streams: while the app's flow is
+    suspended it waits, and a lane's full inbox is waited for; either wait is abandoned if the consumer's flow stops
+    meanwhile (a rebalance: faust reads the record again from the committed offset)."""
+    flow = consumer.app.flow_control
+    if not flow.is_active():
+        await consumer.wait_first(flow.acquire(), consumer.suspend_flow.wait())
+        if not consumer.flow_active:
+            return
+    message.incref(len(lanes))  # acknowledged to the consumer when every lane has acknowledged it
+    for inbox in lanes:
+        if inbox.full():
+            await consumer.wait_first(inbox.room(), consumer.suspend_flow.wait())
+            if not consumer.flow_active:
+                return
+        inbox.put(message)
 
 
 def install(eager: bool = True) -> bool:

@@ -1,4 +1,8 @@
-"""One lane: a faust agent over the lane's input topics whose batch loop runs every stage of the lane, once."""
+"""One lane: the batch loop that runs every stage of the lane, once, over records of the lane's input topics.
+
+Its records come from its inbox (streams/runtime/inbox.py: straight from the fetch loop) or, with
+FLEETPULSE_STREAMS_DIRECT_LANES=false and in faust's agent test contexts, through the lane's faust agent stream.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from faust.types import EventT
+from faust.types import Message
 
 from core.errors import DecodeError
 from core.logs import LogBudget
@@ -18,6 +22,7 @@ from schemas.codec import decode as json_decode
 from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
 from streams.metrics import MetricsRegistry, StageMetrics
+from streams.runtime.inbox import Inbox
 from streams.runtime.spec import Emit, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
 
@@ -67,6 +72,9 @@ class Lane:
         self.sources: dict[str, Source] = {}
         self.position: dict[tuple[str, int], int] = {}  # next offset to process, per input partition (for lag)
         self.refusals_log = LogBudget()  # every refusal counted (metrics); 20 log lines a minute
+        self.inbox: Inbox | None = None  # set by take_direct(): records straight from the fetch loop
+        self.app: faust.App | None = None
+        self._one_batch = asyncio.Lock()  # the inbox and the agent stream (tests) never run batches side by side
         for w in self.stages:
             for i in w.step.inputs:
                 full = self.target_name(i.topic)
@@ -97,13 +105,21 @@ class Lane:
     def target_name(self, t: Target) -> str:
         return t.full(self.app_id) if isinstance(t, InternalTopic) else t.full(self.prefix)
 
+    def take_direct(self, app: faust.App, maxsize: int) -> None:
+        """Take records from an inbox the fetch loop fills (streams/runtime/delivery.py), not through faust's stream."""
+        self.app, self.inbox = app, Inbox(maxsize)
+
     async def run(self, stream) -> None:
-        """The lane's loop. Should it raise (a producer error that outlived its retries, a runtime bug), every stage
-        of the lane counts the crash (metrics, /healthz) before faust restarts the loop; the worker gives up, loudly,
-        when one keeps crashing (streams/cli.py)."""
+        """The lane's loop (the body of its faust agent). Should it raise (a producer error that outlived its retries, a
+        runtime bug), every stage of the lane counts the crash (metrics, /healthz) before faust restarts the loop; the
+        worker gives up, loudly, when one keeps crashing (streams/cli.py)."""
+        loops = [asyncio.ensure_future(self._from_stream(stream))]
+        if self.inbox is not None:
+            loops.append(asyncio.ensure_future(self._from_inbox()))
         try:
-            async for events in stream.take_events(self.batch_max, within=self.within_s):
-                await self.batch(events)
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -111,16 +127,48 @@ class Lane:
                 w.metrics.crashed(exc)
             log.error("lane %s crashed (%d times so far): %r", self.name, self.stages[0].metrics.crashes, exc)
             raise
+        finally:
+            for task in loops:
+                task.cancel()
 
-    async def batch(self, events: Sequence[EventT]) -> None:
-        """Decode once, step every stage, send, await acks, then write state; faust acks the events after this."""
+    async def _from_stream(self, stream) -> None:
+        async for events in stream.take_events(self.batch_max, within=self.within_s):
+            async with self._one_batch:
+                await self.batch([e.message for e in events])  # faust acknowledges the events after this
+
+    async def _from_inbox(self) -> None:
+        """Batches from the inbox; each record tracked as faust's streams track theirs (a rebalance waits until it is
+        acknowledged) and acknowledged once its batch's outputs and state are written."""
+        app, inbox = self.app, self.inbox
+        consumer = app.consumer
+        unacked = consumer.unacked
+        while True:
+            taken = await inbox.take(self.batch_max, self.within_s)
+            if not app.flow_control.is_active():  # a rebalance is on: wait for its end, then see what it left us
+                await app.flow_control.acquire()
+            # Fetched before a rebalance: faust fetches them again from the commit if the partition is still ours
+            # (faust's streams skip these too; streams/runtime/offsets.py re-reads a partition should faust not).
+            generation = app.consumer_generation_id
+            messages = [m for m in taken if m.generation_id == generation]
+            if not messages:
+                continue
+            for m in messages:
+                if not m.tracked:
+                    m.tracked = True
+                    unacked.add(m)
+            async with self._one_batch:
+                await self.batch(messages)
+            for m in messages:
+                m.ack(consumer)
+
+    async def batch(self, messages: Sequence[Message]) -> None:
+        """Decode once, step every stage, send, await acks, then write state; the records are acknowledged after."""
         started = time.perf_counter()
         pending: list[Awaitable] = []
         by_stage: dict[int, list[Record]] = {}
-        where: dict[tuple[str, int, int], EventT] = {}  # a record's event, should its step refuse it
-        for event in events:
-            msg = event.message
-            where[(msg.topic, msg.partition, msg.offset)] = event
+        where: dict[tuple[str, int, int], Message] = {}  # a record's message, should its step refuse it
+        for msg in messages:
+            where[(msg.topic, msg.partition, msg.offset)] = msg
             self.position[(msg.topic, msg.partition)] = msg.offset + 1
             src = self.sources.get(msg.topic)
             if src is None:
@@ -129,7 +177,7 @@ class Lane:
             try:
                 value = src.decode(msg.key, msg.value)
             except DecodeError as exc:
-                await self._refuse(pending, src, event, str(exc))
+                await self._refuse(pending, src, msg, str(exc))
                 continue
             key = msg.key.decode(errors="replace") if msg.key is not None else None
             shared = None  # one Record for the readers that call it the same (it is frozen)
@@ -150,8 +198,8 @@ class Lane:
                 if show:
                     w.log.warning("dead-lettered %s[%s]@%s: %s%s", rec.source, rec.partition, rec.offset, reason,
                                   self.refusals_log.suffix(held))
-                event = where[(rec.source, rec.partition, rec.offset)]
-                pending.append(await send_dead_letter(self.emitter, self.sources[rec.source].dlq, event, reason,
+                msg = where[(rec.source, rec.partition, rec.offset)]
+                pending.append(await send_dead_letter(self.emitter, self.sources[rec.source].dlq, msg, reason,
                                                       f"streams.{w.spec.name}"))
             for e in emits:
                 pending.append(await self.emitter.send(self.target_name(e.to), e.key, e.value))
@@ -165,8 +213,7 @@ class Lane:
         for w, _ in done:
             w.metrics.observe_batch(time.perf_counter() - started)
 
-    async def _refuse(self, pending: list[Awaitable], src: Source, event: EventT, reason: str) -> None:
-        msg = event.message
+    async def _refuse(self, pending: list[Awaitable], src: Source, msg: Message, reason: str) -> None:
         if src.name not in self.counts:
             return  # another lane of this worker counted it (and, for an internal topic, dead-lettered it)
         self.metrics.refused[src.name] += 1
@@ -183,7 +230,7 @@ class Lane:
         for w in stages.values():  # the stage's own internal record: it dead-letters it
             w.metrics.errored += 1
         readers = "+".join(stages)
-        pending.append(await send_dead_letter(self.emitter, src.dlq, event, reason, f"streams.{readers}"))
+        pending.append(await send_dead_letter(self.emitter, src.dlq, msg, reason, f"streams.{readers}"))
 
 
 def run_step(w: Wired, records: Sequence[Record]) -> tuple[list[Emit], StepState, list[tuple[Record, str]]]:

@@ -37,6 +37,7 @@ def test_a_crashed_lane_is_counted_on_each_of_its_stages_and_fails_health_for_a_
 
     lane = Broken.__new__(Broken)
     lane.name, lane.batch_max, lane.within_s = "telemetry", 10, 0.1
+    lane.inbox, lane._one_batch = None, asyncio.Lock()
     lane.stages = [type("W", (), {"metrics": a})(), type("W", (), {"metrics": b})()]
     with pytest.raises(ConnectionError):
         asyncio.run(lane.run(Events(3)))
