@@ -102,7 +102,10 @@ class HostState:
     dirty: bool = field(default=False, compare=False)  # changed in a way a rule reads (not serialised)
 
     def memo(self, gpu: str) -> GpuMemo:
-        return self.gpus.setdefault(gpu, GpuMemo())
+        memo = self.gpus.get(gpu)
+        if memo is None:  # not setdefault: that builds a GpuMemo on every call
+            memo = self.gpus[gpu] = GpuMemo()
+        return memo
 
     def to_json(self) -> dict:
         return {"v": VERSION, "rack": self.rack, "clock": self.clock, "swm": self.swm, "xwm": self.xwm,

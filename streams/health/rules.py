@@ -80,7 +80,10 @@ def _nan_row() -> list:
     return [math.nan] * len(COLS)
 
 
-_NAN_ROW = _nan_row()  # read-only: np.array copies it
+_NAN_ROW = _nan_row()  # read-only
+_EMPTY = np.empty((0, len(COLS)))
+_TS = C["ts"]
+_IDENTITY = [list(range(n)) for n in range(257)]  # GPU indices 0..n-1 in order: rows as they are
 _reading = operator.itemgetter(*FIELDS)
 _LATEST_COLS = (("temp", "gpu_temp_c"), ("slow", "slowdown_temp_c"), ("hbm", "hbm_temp_c"),
                 ("hbm_max", "hbm_max_op_temp_c"), ("pending", "row_remap_pending"), ("failure", "row_remap_failure"),
@@ -96,29 +99,31 @@ class HostHealth:
     rack: str = ""
     installed: int = 0
     present: list[int] = field(default_factory=list)
-    gpus: dict[int, list[float]] = field(default_factory=dict)
+    # Per-GPU state vectors (COLS), row i for GPU i, NaN for a GPU never seen. Replaced by each fold, never changed in
+    # place, so copies share it.
+    rows: np.ndarray = field(default_factory=lambda: _EMPTY)
     since: dict[str, float] = field(default_factory=dict)  # gate key -> onset
     faults: list[list] = field(default_factory=list)  # [fault_id, first_ts, last_ts, gpu (-1 node), code, bin, count]
     stragglers: dict[int, list] = field(default_factory=dict)  # gpu (-1 node) -> [ts, slowdown_pct, z, job]
     repaired_at: float = 0.0
     emitted: dict[str, list] = field(default_factory=dict)  # "node" -> [score, gates, ts]; "<gpu>" -> [score, gates]
-    # Not state: the GPU rows of the last fold as a matrix, (GPU indices, matrix, the row lists it holds), so the next
-    # fold and the scores read them without turning lists into an array again. Valid while h.gpus holds those very
-    # lists (rows are replaced, never changed in place); copies and changelog reads start without it.
-    block: tuple | None = field(default=None, repr=False, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HostHealth):
+            return NotImplemented
+        return self.to_json() == other.to_json()
 
     def to_json(self) -> dict:
-        # Rows keep NaN for unknown: the changelog's JSON encoder (orjson) writes null. Rows are replaced, never
-        # changed in place, so this state and the stored value may share them.
+        # Unknown values stay NaN: the changelog's JSON encoder (orjson) writes null.
+        gpus = {str(i): r for i, r in enumerate(self.rows.tolist()) if r[_TS] == r[_TS]}  # seen: a reading time
         return {"wm": self.wm, "rack": self.rack, "installed": self.installed, "present": self.present,
-                "gpus": {str(i): r for i, r in self.gpus.items()}, "since": self.since, "faults": self.faults,
+                "gpus": gpus, "since": self.since, "faults": self.faults,
                 "stragglers": {str(i): v for i, v in self.stragglers.items()}, "repaired_at": self.repaired_at,
                 "emitted": self.emitted}
 
     def copy(self) -> HostHealth:
-        """A copy a step may change. GPU rows and `emitted` entries are replaced, never changed in place, so the two
-        share them."""
-        return HostHealth(self.wm, self.rack, self.installed, list(self.present), dict(self.gpus), dict(self.since),
+        """A copy a step may change; the two share `rows` and the `emitted` entries (replaced, never changed)."""
+        return HostHealth(self.wm, self.rack, self.installed, list(self.present), self.rows, dict(self.since),
                           [list(f) for f in self.faults], {i: list(v) for i, v in self.stragglers.items()},
                           self.repaired_at, dict(self.emitted))
 
@@ -126,8 +131,12 @@ class HostHealth:
     def from_json(cls, raw: Mapping | None) -> HostHealth:
         if not raw:
             return cls()
-        return cls(raw["wm"], raw["rack"], raw["installed"], list(raw["present"]),
-                   {int(i): r if None not in r else [_num(x) for x in r] for i, r in raw["gpus"].items()}, dict(raw["since"]),
+        rows = _EMPTY
+        if raw["gpus"]:
+            rows = np.full((max(int(i) for i in raw["gpus"]) + 1, len(COLS)), math.nan)
+            for i, r in raw["gpus"].items():
+                rows[int(i)] = [_num(x) for x in r]
+        return cls(raw["wm"], raw["rack"], raw["installed"], list(raw["present"]), rows, dict(raw["since"]),
                    [list(f) for f in raw["faults"]], {int(i): list(v) for i, v in raw["stragglers"].items()},
                    raw["repaired_at"], {k: list(v) for k, v in raw["emitted"].items()})
 
@@ -159,12 +168,20 @@ def apply_samples(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -
 
 
 def _rows(h: HostHealth, idx: list[int]) -> np.ndarray:
-    """The host's state rows of GPUs `idx` as a matrix (NaN for a GPU never seen): the last fold's, while current."""
-    if h.block is not None:
-        was, matrix, lists = h.block
-        if was == idx and all(h.gpus.get(i) is r for i, r in zip(idx, lists)):
-            return matrix
-    return np.array([h.gpus.get(i) or _NAN_ROW for i in idx], dtype=float).reshape(len(idx), len(COLS))
+    """The host's state rows of GPUs `idx` as a matrix (NaN for a GPU never seen); read it, do not change it."""
+    rows = h.rows
+    if len(idx) <= len(rows) and idx == _IDENTITY[len(idx)]:
+        return rows[:len(idx)]
+    return _grown(rows, max(idx, default=-1) + 1)[idx]
+
+
+def _grown(rows: np.ndarray, n: int) -> np.ndarray:
+    """`rows` with NaN rows added up to n rows (itself when it has them)."""
+    if len(rows) >= n:
+        return rows
+    out = np.full((n, len(COLS)), math.nan)
+    out[:len(rows)] = rows
+    return out
 
 
 def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
@@ -219,14 +236,16 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
     n[:, C["dbe_at"]] = np.where(new_dbe, ts, p[:, C["dbe_at"]])
     n[:, _LATEST] = m[:, _LATEST_FROM]  # latest reading: an unreadable value is unknown now, not what it was
     n[:, C["ts"]] = ts
-    rows = n.tolist()
     hits = row_gates(n, np.repeat([h.repaired_at for h, _ in pairs], [len(idx) for idx in indices]), ts, cfg)
     j = 0
     for (h, s), idx in zip(pairs, indices):
         ts_h, k = float(s["ts"]), j + len(idx)
-        for i, row in zip(idx, rows[j:k]):
-            h.gpus[i] = row
-        h.block = (idx, n[j:k].copy(), rows[j:k])  # a copy: a view would keep the whole batch's matrix alive
+        if len(idx) >= len(h.rows) and idx == _IDENTITY[len(idx)]:
+            h.rows = n[j:k].copy()  # a copy: a view would keep the whole batch's matrix alive
+        else:
+            grown = _grown(h.rows, max(idx) + 1).copy()
+            grown[idx] = n[j:k]
+            h.rows = grown
         h.present = sorted(idx)
         h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
         h.wm, h.rack = ts_h, s.get("rack", "") or h.rack
@@ -312,13 +331,14 @@ def gates(h: HostHealth, now: float, cfg: HealthConfig, rows_quiet: bool = False
     `rows_quiet`: row_gates() found nothing in the present GPUs' rows, so only lost GPUs and faults are looked at."""
     out: dict[str, float] = {}
     present = set(h.present)
+    rows = h.rows.tolist() if not rows_quiet else []
     for i in range(h.installed):
         if i not in present:
             out[f"gpu{i}/gpu_lost"] = now
             continue
         if rows_quiet:
             continue
-        pre, row = f"gpu{i}/", h.gpus.get(i) or _NAN_ROW
+        pre, row = f"gpu{i}/", rows[i] if i < len(rows) else _NAN_ROW
         dbe_at = row[_DBE_AT]
         if dbe_at > h.repaired_at and now - dbe_at <= cfg.fault_gate_max_s:
             out[pre + "ecc_dbe"] = dbe_at
@@ -406,11 +426,18 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig)
                      np.repeat([now for _, _, now in hosts], per_gpu), cfg)
     strag, hist, present, fired_of, gpu_gates = [], [], [], [], []
     for k, (h, _, now) in enumerate(hosts):
-        on = set(h.present)
-        for i in range(h.installed):
-            strag.append(_straggler(h, i, now, cfg) if h.stragglers else 0.0)
-            hist.append(_history(h, i, now, cfg) if h.faults else 0.0)
-            present.append(i in on)
+        n = h.installed
+        if h.stragglers or h.faults:
+            strag += [_straggler(h, i, now, cfg) if h.stragglers else 0.0 for i in range(n)]
+            hist += [_history(h, i, now, cfg) if h.faults else 0.0 for i in range(n)]
+        else:  # most hosts: neither a straggler flag nor a fault to weigh
+            strag += [0.0] * n
+            hist += [0.0] * n
+        if h.present == _IDENTITY[n]:
+            present += [True] * n
+        else:
+            on = set(h.present)
+            present += [i in on for i in range(n)]
         fired = gates(h, now, cfg, rows_quiet=not any(hits[bounds[k]:bounds[k + 1]]))
         fired_of.append(fired)
         if fired:

@@ -25,6 +25,7 @@ from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Ta
 HOSTS = "hosts"
 NUMBER = (int, float)
 FORWARDED = ("host", "gpu_index", "ts", "flagged", "slowdown_pct", "z", "job", "rank")
+_KEYS = [str(i) for i in range(256)]  # HostHealth.emitted's GPU keys
 APPLY = {"fault": apply_fault, "result": lambda st, rec, cfg: apply_remediation(st, rec),
          "straggler": lambda st, rec, cfg: apply_straggler(st, rec)}
 
@@ -51,20 +52,18 @@ def news(h: HostHealth, sc: Scores, cfg: HealthConfig) -> list[HealthScore]:
     """The rows worth publishing: a node or GPU whose score moved >= emit_delta or whose gates changed, and every
     node each heartbeat_s (with its GPUs below 100). Rows are built only for these. Updates h.emitted."""
     out: list[HealthScore] = []
-    last = h.emitted.get("node")
+    emitted, delta = h.emitted, cfg.emit_delta
+    last = emitted.get("node")
     beat = last is None or sc.ts - last[2] >= cfg.heartbeat_s
-
-    def moved(prev: list | None, score: float, gates: list[str]) -> bool:
-        return prev is None or abs(score - prev[0]) >= cfg.emit_delta or gates != prev[1]
-
-    for i, (score, gates) in enumerate(zip(sc.gpu_score.tolist(), sc.gpu_gates)):
-        if moved(h.emitted.get(str(i)), score, gates) or (beat and score < 100):
+    for i, score, gates in zip(range(len(sc.gpu_gates)), sc.gpu_score.tolist(), sc.gpu_gates):
+        prev = emitted.get(_KEYS[i])
+        if prev is None or abs(score - prev[0]) >= delta or gates != prev[1] or (beat and score < 100):
             out.append(sc.gpu(i))
-            h.emitted[str(i)] = [score, gates]
+            emitted[_KEYS[i]] = [score, gates]
     node_gates = sorted(sc.gates)
-    if beat or moved(last, sc.node_score, node_gates):
+    if beat or abs(sc.node_score - last[0]) >= delta or node_gates != last[1]:
         out.append(sc.node())
-        h.emitted["node"] = [sc.node_score, node_gates, sc.ts]
+        emitted["node"] = [sc.node_score, node_gates, sc.ts]
     return out
 
 

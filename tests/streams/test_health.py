@@ -254,7 +254,7 @@ _VALUES = st.sampled_from([math.nan, 0.0, 1.0, 2.0, 5.0, T0 - 50_000.0, T0 - 100
 def test_the_vectorised_row_test_finds_a_gate_exactly_where_gates_does(rows, present, repaired_at, now):
     """row_gates() lets gates() skip a host's rows; a host it calls quiet must have no gate in them."""
     h = HostHealth(installed=len(rows), present=sorted(i for i in present if i < len(rows)),
-                   gpus=dict(enumerate(rows)), repaired_at=repaired_at)
+                   rows=np.array(rows, dtype=float), repaired_at=repaired_at)
     full = gates(HostHealth(**{**h.__dict__, "since": {}}), now, CFG)
     hits = row_gates(np.array(rows, dtype=float), np.full(len(rows), repaired_at), np.full(len(rows), now), CFG)
     row_keys = {k for k in full if not k.endswith("/gpu_lost")}
