@@ -16,7 +16,10 @@ from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_C
 FIELDS = ("gpu_temp_c", "slowdown_temp_c", "shutdown_temp_c", "gpu_max_op_temp_c", "hbm_temp_c",
           "hbm_max_op_temp_c", "power_w", "power_limit_w")
 COL = {name: i for i, name in enumerate(FIELDS)}
-_reading = operator.itemgetter(*FIELDS)
+_READ = (*FIELDS, "throttle_reasons", "index")  # the matrix columns, then the two read as Python ints
+_THR, _IDX = len(FIELDS), len(FIELDS) + 1
+_reading = operator.itemgetter(*_READ)
+_GPUS = 257  # a row's GPU key: host number * _GPUS + GPU index (0..255)
 
 
 @dataclass(frozen=True)
@@ -181,36 +184,35 @@ def _rule_arrays(rule: Rule, m: np.ndarray, throttle: np.ndarray):
 
 def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config: Config = Config()) -> Evaluation:
     """Apply a batch of checked host samples to prior per-host state; returns alerts, changed state, rack reports."""
-    rows, row_sample, row_gpu, reports = [], [], [], []
+    rows, row_sample, row_gpu, row_host, reports = [], [], [], [], []
     wm = {h: s.wm for h, s in state.items()}
+    host_num: dict[str, int] = {}
     for i in sorted(range(len(samples)), key=lambda i: samples[i]["ts"]):
         s = samples[i]
         if s["ts"] <= wm.get(s["host"], 0.0):
             continue  # already applied (a replay after a restart) or out of order
         wm[s["host"]] = s["ts"]
-        for g in s["gpus"]:
-            try:
-                rows.append(_reading(g))
-            except KeyError:  # a reading that leaves optional fields out
-                rows.append([g.get(f) for f in FIELDS])
-            row_sample.append(i)
-            row_gpu.append(g)
+        gpus = s["gpus"]
+        try:
+            rows += list(map(_reading, gpus))
+        except KeyError:  # a reading that leaves optional fields out
+            rows += [[g.get(f) for f in _READ] for g in gpus]
+        row_sample += [i] * len(gpus)
+        row_gpu += gpus
+        row_host += [host_num.setdefault(s["host"], len(host_num))] * len(gpus)
         if s.get("rack", "") in config.rack_budgets_w:
-            power = [g.get("power_w") for g in s["gpus"]]
+            power = [g.get("power_w") for g in gpus]
             known = [p for p in power if p is not None]
             reports.append(RackReport(s["rack"], s["host"], s["ts"], float(sum(known)), len(known) == len(power)))
-    m = np.array(rows, dtype=float).reshape(len(rows), len(FIELDS))
-    throttle = np.array([-1 if g.get("throttle_reasons") is None else g["throttle_reasons"] & 0x7FFFFFFF
-                         for g in row_gpu], dtype=np.int64)
-    gpu_ids: dict[tuple[str, int], int] = {}
-    row_key = np.array([gpu_ids.setdefault((samples[i]["host"], g["index"]), len(gpu_ids))
-                        for i, g in zip(row_sample, row_gpu)], dtype=np.int64)
+    throttle = np.array([-1 if r[_THR] is None else r[_THR] & 0x7FFFFFFF for r in rows], dtype=np.int64)
+    m = np.array(rows, dtype=float).reshape(len(rows), len(_READ))
+    row_key = np.array(row_host, dtype=np.int64) * _GPUS + m[:, _IDX].astype(np.int64)
     new: dict[str, SubjectState] = {}
     alerts: list[Alert] = []
     for rule in config.rules:
         value, threshold, below, on, off, known = _rule_arrays(rule, m, throttle)
-        live = [gpu_ids[(h, int(k.split("/")[0]))] for h, st in state.items() for k in st.alerts
-                if k.endswith("/" + rule.alertname) and (h, int(k.split("/")[0])) in gpu_ids]
+        live = [host_num[h] * _GPUS + int(k.split("/")[0]) for h, st in state.items() if h in host_num
+                for k in st.alerts if k.endswith("/" + rule.alertname)]  # GPUs of this batch with state
         # Only rows of GPUs that are over the threshold now or hold state for this rule need the state machine.
         hot = np.isin(row_key, np.concatenate([row_key[on], np.asarray(live, dtype=np.int64)])) & known
         for r in np.flatnonzero(hot):  # unknown readings (None) never step an alert

@@ -31,6 +31,8 @@ from typing import Any
 import faust
 from faust.transport import consumer as faust_consumer
 from faust.transport.consumer import CONSUMER_FETCHING
+from faust.types.tuples import ack_lock
+from mode.utils.futures import notify
 
 log = logging.getLogger("fleetpulse.streams.runtime")
 FAUST_VERSION = "0.15.3"  # the version whose `_drain_messages` this loop copies
@@ -161,6 +163,38 @@ async def _hand_over(consumer, message, lanes: tuple) -> None:
             if not consumer.flow_active:
                 return
         inbox.put(message)
+
+
+def acknowledge(consumer, messages) -> None:
+    """`message.ack(consumer)` for each record of a lane's batch, under one lock: faust 0.15.3's Message.ack,
+    ConsumerMessage.on_final_ack and Consumer.ack inlined (one at a time, with two lock round trips and a wake-up each,
+    they cost the telemetry worker ~4 % of its CPU). Used with direct lanes, which need this module's fetch loop, so
+    only on the pinned faust version."""
+    acks_enabled_for = consumer.app.topics.acks_enabled_for
+    committed_at, acked_index, acked, unacked = (consumer._committed_offset, consumer._acked_index, consumer._acked,
+                                                 consumer._unacked_messages)
+    n = 0
+    with ack_lock:
+        for m in messages:
+            if m.acked:
+                continue
+            m.refcount = refcount = max(m.refcount - 1, 0)
+            if refcount:  # another lane reads it too and has not acknowledged it yet
+                continue
+            m.acked = True
+            if not acks_enabled_for(m.topic):
+                continue
+            tp, offset = m.tp, m.offset
+            committed = committed_at[tp]
+            if committed is None or offset >= committed:
+                index = acked_index[tp]
+                if offset not in index:
+                    unacked.discard(m)
+                    index.add(offset)
+                    acked[tp].append(offset)
+                    n += 1
+        consumer._n_acked += n
+    notify(consumer._waiting_for_ack)
 
 
 def install(eager: bool = True) -> bool:

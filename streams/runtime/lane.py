@@ -22,6 +22,7 @@ from schemas.codec import decode as json_decode
 from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
 from streams.metrics import MetricsRegistry, StageMetrics
+from streams.runtime.delivery import acknowledge
 from streams.runtime.inbox import Inbox
 from streams.runtime.spec import Emit, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
@@ -158,8 +159,7 @@ class Lane:
                     unacked.add(m)
             async with self._one_batch:
                 await self.batch(messages)
-            for m in messages:
-                m.ack(consumer)
+            acknowledge(consumer, messages)
 
     async def batch(self, messages: Sequence[Message]) -> None:
         """Decode once, step every stage, send, await acks, then write state; the records are acknowledged after."""

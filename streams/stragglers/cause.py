@@ -32,6 +32,7 @@ class CauseConfig:
 
 _READ = itemgetter(*FIELDS)
 _NEVER = (None,) * len(CAUSES)
+_KEYS = [str(i) for i in range(256)]  # a condition's GPU keys
 
 
 def update(prior: dict | None, sample: dict) -> dict | None:
@@ -46,7 +47,7 @@ def update(prior: dict | None, sample: dict) -> dict | None:
             row = list(_READ(g))
         except KeyError:  # a reading that leaves optional fields out
             row = [g.get(f) for f in FIELDS]
-        key = str(g["index"])
+        key = _KEYS[g["index"]]
         was = old.get(key)
         seen = was[LAST:] if was is not None else _NEVER
         bits = (row[0] or 0) & MASK
