@@ -27,7 +27,8 @@ from pathlib import Path
 
 
 def measure(hosts: int, ticks: int, batch: int) -> dict[str, float]:
-    """µs per host sample (with its NCCL steps): decode+check, then each step (its state writes included)."""
+    """µs per host sample (with its NCCL steps): decode+check, then each step (its state writes included). CPU time of
+    this process, not wall time: on a shared machine other tenants' load stretches wall time by up to 2x run to run."""
     from agents.simulator.runner import FleetSimulator
     from schemas.codec import encode
     from schemas.topics import NCCL, SAMPLES, Topic
@@ -53,12 +54,12 @@ def measure(hosts: int, ticks: int, batch: int) -> dict[str, float]:
         for step in stage.steps:
             steps.append((f"{stage.name}.{step.run.__name__}", step, tables, live, stage.config(settings), {}))
     offsets: dict[tuple[str, int], int] = defaultdict(int)
-    started, decoded = time.perf_counter(), []
+    started, decoded = time.process_time(), []
     for topic, key, value in raw:
         partition = zlib.crc32(key.encode()) % topic.partitions
         decoded.append((topic, key, topic.decode(value), partition, offsets[topic.name, partition]))
         offsets[topic.name, partition] += 1
-    cost = {"decode+check": time.perf_counter() - started}
+    cost = {"decode+check": time.process_time() - started}
     for lane in ("telemetry", "nccl"):
         mine = [s for s in steps if s[1].lane == lane]
         topics = {i.topic.name for s in mine for i in s[1].inputs if isinstance(i.topic, Topic)}
@@ -70,7 +71,7 @@ def measure(hosts: int, ticks: int, batch: int) -> dict[str, float]:
                 recs = [Record(kinds[t.name], v, k, t.name, p, o, 0) for t, k, v, p, o in chunk if t.name in kinds]
                 if not recs:
                     continue
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 kw = {"durable": {}, "lend": True} if lends else {}
                 state = StepState(tables, {r.key: r.partition for r in recs}, memo=memo, live=live, **kw)
                 step.run(recs, state, config)
@@ -81,7 +82,7 @@ def measure(hosts: int, ticks: int, batch: int) -> dict[str, float]:
                     if durable and table in live:
                         value.to_json()  # the changelog's copy
                     tables[table][key] = value
-                cost[name] = cost.get(name, 0.0) + time.perf_counter() - t0
+                cost[name] = cost.get(name, 0.0) + time.process_time() - t0
     out = {name: round(1e6 * s / samples, 1) for name, s in cost.items()}
     out["total"] = round(sum(out.values()), 1)
     return out
