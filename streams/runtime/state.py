@@ -14,6 +14,14 @@ _ABSENT = object()
 _DELETED = object()  # a write that removes the key (a tombstone on the changelog)
 
 
+def stored(table: Mapping) -> dict | Mapping:
+    """The dict that holds a faust memory-store table's keys, else the table itself. Reads and in-memory writes go
+    straight to it: through the table, faust's per-key hooks (sensors, web statistics) cost ~2.5 µs a key, several
+    keys per host sample."""
+    inner = getattr(getattr(table, "data", None), "data", None)
+    return inner if isinstance(inner, dict) else table
+
+
 class StepState:
     """The State a step gets. `child()` gives a trial view for one record, merged back only if its step succeeded.
 
@@ -34,12 +42,13 @@ class StepState:
         self.lend = lend and parent is None
         self.lent: set[tuple[str, str]] = set()
         self.writes: dict[tuple[str, str], tuple[Any, bool, int | None]] = {}
+        self.stored = {name: stored(t) for name, t in tables.items()} if parent is None else parent.stored
 
     def get(self, table: str, key: str, default: Any = None) -> Any:
         hit = self.writes.get((table, key), _ABSENT)
         if hit is not _ABSENT:
             return default if hit[0] is _DELETED else hit[0]
-        found = self.parent.get(table, key, _ABSENT) if self.parent is not None else self.tables[table].get(key, _ABSENT)
+        found = self.parent.get(table, key, _ABSENT) if self.parent is not None else self.stored[table].get(key, _ABSENT)
         if found is _ABSENT:
             return default
         cls = self.live.get(table)
@@ -115,7 +124,7 @@ class StepState:
                 sent.append(delete(t, self._partition(t, key, partition), key))
                 continue
             if not durable:
-                t.data[key] = value
+                self.stored[table][key] = value
                 continue
             stored = None
             if self.live.get(table) is not None:
