@@ -193,6 +193,14 @@ def namespace(tmp: Path) -> dict:
             "FLEETPULSE_CLICKHOUSE_URL": f"chdb://{tmp / prefix / 'chdb'}"}
 
 
+def baseline_nccl(args) -> str:
+    """The NCCL form the --baseline tree reads: as given, or (auto) steps where it defines NcclStep."""
+    if args.baseline_nccl != "auto":
+        return args.baseline_nccl
+    events = args.baseline / "schemas" / "events.py"
+    return "steps" if events.exists() and "class NcclStep" in events.read_text() else "per_rank"
+
+
 async def worker_runs(args, tmp: Path) -> dict:
     """The worker on a simulated fleet (samples, XID, NCCL), this tree and --baseline's side by side, interleaved.
 
@@ -209,7 +217,7 @@ async def worker_runs(args, tmp: Path) -> dict:
             settings = CommonSettings()
             # The baseline worker reads NCCL as the per-rank records it was written for; NCCL rates below are rank
             # timings per second either way (records/s x timings per record), so the two trees compare.
-            per_rank = name == "before" and args.baseline_nccl == "per_rank"
+            per_rank = name == "before" and baseline_nccl(args) == "per_rank"
             report = await simulate(settings, hosts=args.hosts, duration=args.ticks, speed=0, seed=7,
                                     start_ts=time.time() - args.ticks, nccl_interval=args.nccl_interval,
                                     per_rank_nccl=per_rank)
@@ -238,7 +246,8 @@ async def worker_runs(args, tmp: Path) -> dict:
 
     out = {"data": {"hosts": args.hosts, "ticks": args.ticks, "nccl_interval": args.nccl_interval,
                     "sent": report.sent, "nccl_timings": report.nccl_timings, "stages": args.stages,
-                    "units": "samples/s; NCCL: rank timings/s"}}
+                    "units": "samples/s; NCCL: rank timings/s",
+                    "baseline_nccl": baseline_nccl(args) if args.baseline is not None else None}}
     for name, rs in runs.items():
         out[f"raw_consume_decode_{name}"] = {t.name: round(statistics.median(c[t.name] for c in ceiling[name]))
                                               for t in inputs}
@@ -314,8 +323,10 @@ if __name__ == "__main__":
                    help="all: the whole worker on samples, XID and NCCL from the simulator (no sink figures)")
     p.add_argument("--nccl-interval", type=float, default=1.0, help="simulated seconds between collectives")
     p.add_argument("--baseline", type=Path, help="another checkout (git archive of a commit) to run side by side")
-    p.add_argument("--baseline-nccl", choices=("per_rank", "steps"), default="per_rank",
-                   help="the NCCL wire form published for --baseline: per_rank for trees before the NcclStep form")
+    p.add_argument("--baseline-nccl", choices=("auto", "per_rank", "steps"), default="auto",
+                   help="the NCCL wire form published for --baseline: per_rank for trees before the NcclStep form; "
+                        "auto: steps if the tree's schemas/events.py defines NcclStep (per-rank records are 8x as "
+                        "many: a tree that reads steps, fed them, looks half as fast)")
     p.add_argument("--commit-interval", type=float, default=0.5,
                    help="the worker's offset commit interval, seconds (progress is seen at commits; faust's is 2.8)")
     p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at PATH.<tree>.<k>.json")
