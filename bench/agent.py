@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import save  # bench/report.py, beside this script
+
 TARGETS = {"cpu_ms_per_8gpu_poll": 2.0, "peak_rss_mb": 80.0}
 ORDINARY = [
     "[ 1203.104512] usb 1-1.2: new high-speed USB device number 5 using xhci_hcd",
@@ -164,11 +166,7 @@ def main() -> int:
         "meets_targets": {"cpu_ms_per_8gpu_poll": figures["nvml_poll_8gpu"]["cpu_ms"] < TARGETS["cpu_ms_per_8gpu_poll"],
                           "peak_rss_mb": worst_rss < TARGETS["peak_rss_mb"]},
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    save(report, args.out)
     return 0
 
 

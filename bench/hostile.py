@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.logs import quiet_transient_client_logs  # noqa: E402
 from fleetpulse.broker import broker_for  # noqa: E402
 from tests.hostile_pipeline import through_pipeline  # noqa: E402
+from report import save  # noqa: E402 - bench/report.py, beside this script
 
 
 async def main(args) -> dict:
@@ -49,7 +49,4 @@ if __name__ == "__main__":
     p.add_argument("--out", type=Path, default=Path("bench/results/hostile.json"))
     a = p.parse_args()
     quiet_transient_client_logs()
-    result = asyncio.run(main(a))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    save(asyncio.run(main(a)), a.out)

@@ -25,6 +25,8 @@ import zlib
 from collections import defaultdict
 from pathlib import Path
 
+from report import save  # bench/report.py, beside this script
+
 
 def measure(hosts: int, ticks: int, batch: int) -> dict[str, float]:
     """µs per host sample (with its NCCL steps): decode+check, then each step (its state writes included). CPU time of
@@ -126,9 +128,7 @@ def main() -> None:
     if "before" in runs:
         out["after_vs_before"] = {key: round(out["after"][key] / out["before"][key], 2)
                                   for key in out["after"] if out["before"].get(key)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
-    print(json.dumps(out, indent=2))
+    save(out, args.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from agents.simulator.scenario import parse_scenario
 from streams.stragglers.windows import Batch
 from streams.stragglers.scoring import advance
 
+from report import save  # bench/report.py, beside this script
+
 
 def one_seed(pct: float, seed: int, duration_s: float) -> tuple[float | None, int]:
     """(seconds from onset to the slow rank's first flag or None, other ranks flagged) for one seed."""
@@ -76,10 +78,7 @@ def main() -> None:
             "other_ranks_flagged": others, "wall_s": round(time.monotonic() - began, 1)}
         print(json.dumps({f"{pct:g}%": results[f"{pct:g}%"]}), flush=True)
     out = {"within_s": args.within, "duration_s": args.duration, "results": results}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(out, args.out)
 
 
 if __name__ == "__main__":

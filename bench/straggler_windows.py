@@ -9,7 +9,6 @@ The timings are the simulator's own NCCL model (one collective per second per ra
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,8 @@ from agents.simulator.nccl import NcclModel
 from schemas.topics import NCCL
 from streams.stragglers.windows import Batch, JobState, Window
 from streams.stragglers.scoring import Config, advance, persist, score
+
+from report import save  # bench/report.py, beside this script
 
 T0 = 1_700_000_000.0
 
@@ -67,9 +68,7 @@ def main() -> None:
            "fold_window_ms_median": round(statistics.median(folds) * 1e3, 1),
            "fold_us_per_timing_median": round(statistics.median(folds) / timings * 1e6, 2),
            "close_window_ms_median": round(statistics.median(closes) * 1e3, 3)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
-    print(json.dumps(out, indent=2))
+    save(out, args.out)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ from sinks import store
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
 
+from report import save  # bench/report.py, beside this script
+
 
 async def publish(settings: CommonSettings, hosts: int, ticks: int) -> int:
     sim = FleetSimulator(hosts, seed=7, start_ts=time.time() - ticks, nccl_interval=0)
@@ -333,7 +335,4 @@ if __name__ == "__main__":
     p.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     a = p.parse_args()
     quiet_transient_client_logs()
-    result = asyncio.run(main(a))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    save(asyncio.run(main(a)), a.out)
