@@ -11,6 +11,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.analytics import HealthScore, Penalty
+from schemas.limits import MAX_GPUS
 
 HARD_BITS = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake (REFERENCE.md 4)
 SW_POWER_CAP = 0x4
@@ -83,7 +84,7 @@ def _nan_row() -> list:
 _NAN_ROW = _nan_row()  # read-only
 _EMPTY = np.empty((0, len(COLS)))
 _TS = C["ts"]
-_IDENTITY = [list(range(n)) for n in range(257)]  # GPU indices 0..n-1 in order: rows as they are
+_IDENTITY = [list(range(n)) for n in range(MAX_GPUS + 1)]  # GPU indices 0..n-1 in order: rows as they are
 _reading = operator.itemgetter(*FIELDS)
 _LATEST_COLS = (("temp", "gpu_temp_c"), ("slow", "slowdown_temp_c"), ("hbm", "hbm_temp_c"),
                 ("hbm_max", "hbm_max_op_temp_c"), ("pending", "row_remap_pending"), ("failure", "row_remap_failure"),

@@ -17,6 +17,7 @@ import orjson
 from core.errors import DecodeError
 from schemas.analytics import HealthScore
 from schemas.codec import encode
+from schemas.limits import MAX_GPUS
 from schemas.topics import FAULTS, HEALTH, HEALTH_STRAGGLERS, REMEDIATION, SAMPLES, STRAGGLERS
 from streams.health.rules import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_samples,
                                   apply_straggler, health_config, score_all)
@@ -25,7 +26,7 @@ from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Ta
 HOSTS = "hosts"
 NUMBER = (int, float)
 FORWARDED = ("host", "gpu_index", "ts", "flagged", "slowdown_pct", "z", "job", "rank")
-_KEYS = [str(i) for i in range(256)]  # HostHealth.emitted's GPU keys
+_KEYS = [str(i) for i in range(MAX_GPUS)]  # HostHealth.emitted's GPU keys
 APPLY = {"fault": apply_fault, "result": lambda st, rec, cfg: apply_remediation(st, rec),
          "straggler": lambda st, rec, cfg: apply_straggler(st, rec)}
 

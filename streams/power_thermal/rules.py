@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from schemas.analytics import Alert, fingerprint
+from schemas.limits import MAX_GPUS
 from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 
 # GpuReading fields the rules read, in column order of the batch matrix.
@@ -19,7 +20,7 @@ COL = {name: i for i, name in enumerate(FIELDS)}
 _READ = (*FIELDS, "throttle_reasons", "index")  # the matrix columns, then the two read as Python ints
 _THR, _IDX = len(FIELDS), len(FIELDS) + 1
 _reading = operator.itemgetter(*_READ)
-_GPUS = 257  # a row's GPU key: host number * _GPUS + GPU index (0..255)
+_GPUS = MAX_GPUS  # a row's GPU key: host number * MAX_GPUS + GPU index
 
 
 @dataclass(frozen=True)

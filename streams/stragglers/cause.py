@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
+from schemas.limits import MAX_GPUS
 
 CAUSES = ((HW_THERMAL, "HW thermal slowdown"), (HW_POWER_BRAKE, "HW power brake slowdown"),
           (HW_SLOWDOWN, "HW slowdown"), (SW_THERMAL, "SW thermal slowdown"), (SW_POWER_CAP, "SW power cap"))
@@ -32,7 +33,7 @@ class CauseConfig:
 
 _READ = itemgetter(*FIELDS)
 _NEVER = (None,) * len(CAUSES)
-_KEYS = [str(i) for i in range(256)]  # a condition's GPU keys
+_KEYS = [str(i) for i in range(MAX_GPUS)]  # a condition's GPU keys
 
 
 def update(prior: dict | None, sample: dict) -> dict | None:
