@@ -89,13 +89,23 @@ async def through_pipeline(per_topic: int, seed: int, log: Path, timeout: float 
             return all(stats[TABLE_BY_TOPIC[t.name].name].rows == expected[t]["rows"]
                        and stats[TABLE_BY_TOPIC[t.name].name].dead_letters == len(refused[t]) for t in RAW)
 
-        async def done() -> bool:
-            return settled() and bool(await fault())
+        async def worker_counted() -> dict:
+            text = (await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read())).decode()
+            return {t.name: sum(float(v) for v in re.findall(
+                rf'^fleetpulse_topic_refused_total{{topic="{re.escape(t.full(prefix))}"}} ([0-9.e+]+)$', text, re.M))
+                for t in RAW}
+
+        async def done() -> bool:  # the worker's lanes run apart: its NCCL lane may count after the sink is done
+            if not (settled() and await fault()):
+                return False
+            counted = await worker_counted()
+            return all(counted[t.name] >= len(refused[t]) for t in RAW)
 
         await wait_for("every hostile record stored or dead-lettered, and the XID after them a fault", done, timeout,
                        log)
         seconds = time.monotonic() - started
-        metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+        counted = await worker_counted()
         worker = workers[0]
         assert worker.poll() is None, f"the worker exited ({worker.returncode}):\n{log.read_text()[-3000:]}"
         rss = {"worker": max(peak_rss_mb(pid) for pid in [worker.pid, *descendants(worker.pid)]),
@@ -103,10 +113,6 @@ async def through_pipeline(per_topic: int, seed: int, log: Path, timeout: float 
         stats = {t.name: dict(rows=sink.stats.tables[TABLE_BY_TOPIC[t.name].name].rows,
                               dead_letters=sink.stats.tables[TABLE_BY_TOPIC[t.name].name].dead_letters) for t in RAW}
     letters = {t: [original(r.value)[0] for r in await read_all(settings.bootstrap, t.dlq(prefix), 1)] for t in RAW}
-    text = metrics.decode()
-    counted = {t.name: sum(float(v) for v in re.findall(
-        rf'^fleetpulse_topic_refused_total{{topic="{re.escape(t.full(prefix))}"}} ([0-9.e+]+)$', text, re.M))
-        for t in RAW}
     return {"per_topic": per_topic, "seed": seed, "seconds": round(seconds, 1), "stats": stats,
             "expected": {t.name: dict(expected[t], refused=len(refused[t])) for t in RAW},
             "dead_letters": {t.name: sorted((f["partition"], f["offset"]) for f in letters[t]) for t in RAW},
