@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.analytics import HealthScore, Penalty
@@ -108,11 +109,14 @@ class HostHealth:
     stragglers: dict[int, list] = field(default_factory=dict)  # gpu (-1 node) -> [ts, slowdown_pct, z, job]
     repaired_at: float = 0.0
     emitted: dict[str, list] = field(default_factory=dict)  # "node" -> [score, gates, ts]; "<gpu>" -> [score, gates]
+    # `emitted`'s GPU scores as an array (NaN: none yet) and whether any GPU row went out with gates; built when
+    # first read, dropped whenever `emitted` changes (see sent()). Not serialised.
+    sent_cache: tuple[np.ndarray, bool] | None = field(default=None, compare=False, repr=False)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, HostHealth):
             return NotImplemented
-        return self.to_json() == other.to_json()
+        return orjson.dumps(self.to_json()) == orjson.dumps(other.to_json())  # NaN (unknown) equals NaN: both null
 
     def to_json(self) -> dict:
         # Unknown values stay NaN: the changelog's JSON encoder (orjson) writes null.
@@ -126,7 +130,19 @@ class HostHealth:
         """A copy a step may change; the two share `rows` and the `emitted` entries (replaced, never changed)."""
         return HostHealth(self.wm, self.rack, self.installed, list(self.present), self.rows, dict(self.since),
                           [list(f) for f in self.faults], {i: list(v) for i, v in self.stragglers.items()},
-                          self.repaired_at, dict(self.emitted))
+                          self.repaired_at, dict(self.emitted), self.sent_cache)
+
+    def sent(self, n: int) -> tuple[np.ndarray, bool]:
+        """The last published score of GPUs 0..n-1 (NaN: never published) and whether any published GPU row had
+        gates, from `emitted`; whoever changes `emitted` sets sent_cache to None."""
+        if self.sent_cache is None:
+            gpus = {int(k): v for k, v in self.emitted.items() if k != "node"}
+            scores = np.full(max(n, self.installed, max(gpus, default=-1) + 1), math.nan)
+            for i, (score, _) in gpus.items():
+                scores[i] = score
+            self.sent_cache = (scores, any(g for _, g in gpus.values()))
+        scores, gated = self.sent_cache
+        return (scores if len(scores) >= n else np.concatenate([scores, np.full(n - len(scores), math.nan)])), gated
 
     @classmethod
     def from_json(cls, raw: Mapping | None) -> HostHealth:
@@ -330,6 +346,9 @@ def row_gates(rows: np.ndarray, repaired_at: np.ndarray, now: np.ndarray, cfg: H
 def gates(h: HostHealth, now: float, cfg: HealthConfig, rows_quiet: bool = False) -> dict[str, float]:
     """Hard gates that fire now ('gpu3/ecc_dbe', 'fault_bin:reboot'), each with its onset; updates h.since.
     `rows_quiet`: row_gates() found nothing in the present GPUs' rows, so only lost GPUs and faults are looked at."""
+    if rows_quiet and not h.faults and len(h.present) == h.installed:  # most hosts: every GPU there, nothing fired
+        h.since = {}
+        return {}
     out: dict[str, float] = {}
     present = set(h.present)
     rows = h.rows.tolist() if not rows_quiet else []
@@ -406,6 +425,15 @@ class Scores:
                            inputs=self.inputs)
 
 
+def _moved(hosts: Sequence[tuple[HostHealth, str, float]], gpu_score: np.ndarray, cfg: HealthConfig) -> list[bool]:
+    """Per GPU of `hosts` (score_all's order): whether its score is emit_delta or more from the one last published,
+    or none was."""
+    sent = [h.sent(h.installed)[0][:h.installed] for h, _, _ in hosts]
+    prev = np.concatenate(sent) if sent else np.empty(0)
+    with np.errstate(invalid="ignore"):
+        return (~(np.abs(gpu_score - prev) < cfg.emit_delta)).tolist()  # NaN (never published): moved
+
+
 def _z(x):
     return np.where(np.isnan(x), 0.0, x)
 
@@ -415,8 +443,11 @@ def score(h: HostHealth, host: str, now: float, cfg: HealthConfig) -> Scores:
     return score_all([(h, host, now)], cfg)[0]
 
 
-def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig) -> list[Scores]:
-    """score() of many hosts, vectorised over all their GPUs at once."""
+def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig,
+              *, skip_quiet: bool = False) -> list[Scores | None]:
+    """score() of many hosts, vectorised over all their GPUs at once. `skip_quiet`: None instead of the Scores of a
+    host whose rows are not news (see streams.health.stage.news: no score moved emit_delta since it was last
+    published, no gate then or now, no heartbeat due); gates and their onsets are updated all the same."""
     bounds, blocks = [0], []
     for h, _, _ in hosts:
         blocks.append(_rows(h, list(range(h.installed))))
@@ -465,18 +496,26 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig)
     thr = _z(col("hard")) * cfg.throttle_clock_loss + _z(col("cap")) * cfg.power_cap_clock_loss
     thr_loss = np.where(on & ~gated, np.maximum(thr - strag_loss, 0.0), 0.0)
     scores_l, gated_l = gpu_score.tolist(), gated.tolist()
-    out = []
+    moved_l = _moved(hosts, gpu_score, cfg) if skip_quiet else []
+    out: list[Scores | None] = []
     for k, (h, host, now) in enumerate(hosts):
         a, b = bounds[k], bounds[k + 1]
         fired = fired_of[k]
         node_pts = [(n, val, cfg.weights[n] * min(1.0, val / cfg.full_at[n])) for n, val in (
             ("straggler_slowdown", _straggler(h, -1, now, cfg)), ("fault_history", _history(h, -1, now, cfg)))
-            if val > 0]
+            if val > 0] if h.stragglers or h.faults else []
         mine = scores_l[a:b]
-        worst = min(range(len(mine)), key=mine.__getitem__) if mine else -1  # the first lowest, as argmin
-        node = max(0.0, (mine[worst] if mine else 100.0) - sum(p for _, _, p in node_pts))
+        low = min(mine) if mine else 100.0
+        node = max(0.0, low - sum(p for _, _, p in node_pts))
         if fired:
             node = min(node, cfg.gate_cap)
+        if skip_quiet and not fired and not any(moved_l[a:b]):
+            last = h.emitted.get("node")
+            if (last is not None and not last[1] and now - last[2] < cfg.heartbeat_s
+                    and abs(round(node, 2) - last[0]) < cfg.emit_delta and not h.sent(b - a)[1]):
+                out.append(None)
+                continue
+        worst = mine.index(low) if mine else -1  # the first lowest, as argmin
         inputs = {"installed_gpus": h.installed, "present_gpus": len(h.present), "gated_gpus": sum(gated_l[a:b]),
                   "straggler_loss_gpus": round(float(strag_loss[a:b].sum()), 4),
                   "throttle_loss_gpus": round(float(thr_loss[a:b].sum()), 4),

@@ -54,6 +54,7 @@ def news(h: HostHealth, sc: Scores, cfg: HealthConfig) -> list[HealthScore]:
     node each heartbeat_s (with its GPUs below 100). Rows are built only for these. Updates h.emitted."""
     out: list[HealthScore] = []
     emitted, delta = h.emitted, cfg.emit_delta
+    h.sent_cache = None  # rebuilt from `emitted` when next read
     last = emitted.get("node")
     beat = last is None or sc.ts - last[2] >= cfg.heartbeat_s
     for i, score, gates in zip(range(len(sc.gpu_gates)), sc.gpu_score.tolist(), sc.gpu_gates):
@@ -102,7 +103,9 @@ def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emi
     fold()
     scored = [(st, host, max(st.wm, now[host])) for host, st in hosts.items() if st.installed]  # 0: no sample yet
     rows: list[HealthScore] = []
-    for (st, host, _), sc in zip(scored, score_all(scored, cfg)):
+    for (st, host, _), sc in zip(scored, score_all(scored, cfg, skip_quiet=True)):
+        if sc is None:  # nothing of this host is news
+            continue
         picked = news(st, sc, cfg)
         if picked:
             durable.add(host)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.health.rules import (COLS, HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_sample,
-                                  apply_straggler, gates, row_gates, score)
+                                  apply_straggler, gates, row_gates, score, score_all)
 from streams.health.stage import news
 from tests.streams.helpers import gpu, sample
 
@@ -261,3 +261,20 @@ def test_the_vectorised_row_test_finds_a_gate_exactly_where_gates_does(rows, pre
     assert bool(row_keys) == any(hit for i, hit in enumerate(hits) if i in h.present)
     quiet = not any(hits)
     assert gates(h, now, CFG, rows_quiet=quiet) == full
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(60.0, 90.0), st.booleans(), st.floats(1.0, 90.0)),
+                min_size=1, max_size=25))
+def test_skipping_quiet_hosts_publishes_exactly_what_news_would(steps):
+    """score_all(skip_quiet=True) leaves out only hosts whose news() is empty: the same rows go out either way."""
+    skipping, reference, t = HostHealth(), HostHealth(), T0
+    for g, temp, pending, gap in steps:  # GPU g moves to temp (maybe with a pending remap) after `gap` seconds
+        t += gap
+        rows = [gpu(i, temp if i == g else 60.0, row_remap_pending=pending and i == g) for i in range(4)]
+        for h in (skipping, reference):
+            apply_sample(h, sample("h1", t, rows), CFG)
+        [sc] = score_all([(skipping, "h1", t)], CFG, skip_quiet=True)
+        got = [] if sc is None else news(skipping, sc, CFG)
+        assert got == news(reference, score(reference, "h1", t, CFG), CFG)
+        assert skipping == reference
