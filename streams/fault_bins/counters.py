@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from schemas.analytics import FaultBin
+from schemas.limits import MAX_GPUS
 from streams.fault_bins.config import FaultBinConfig
 from streams.fault_bins.host_state import Finding, GpuMemo, HostState, norm_pci
 
@@ -16,6 +17,7 @@ DBE_V, DBE_A, PCIE, CRC, RECOVERY, PENDING, FAILURE, ENERGY, SBE_V = range(len(F
 SINCE_LOAD = (ENERGY, SBE_V, DBE_V)  # counters that only a reboot, reset or driver reload sets back
 ERRORS = slice(DBE_V, ENERGY)  # fields whose change may be a fault; energy and SBE change on every healthy sample
 _READ = itemgetter(*FIELDS)
+_KEYS = [str(i) for i in range(MAX_GPUS)]  # GpuMemo keys by GPU index
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,14 @@ def _reboot_sign(memo: GpuMemo, cur: list, driver_changed: str | None) -> str | 
         if before is not None and now is not None and now < before:
             return f"{FIELDS[col]} went back from {before} to {now}"
     return None
+
+
+def _maybe_back(last: list, cur: list) -> bool:
+    """Cheap pre-test for _reboot_sign: False only when every since-load counter is known and did not go back."""
+    try:
+        return cur[ENERGY] < last[ENERGY] or cur[SBE_V] < last[SBE_V] or cur[DBE_V] < last[DBE_V]
+    except TypeError:  # a counter unknown in one of the two readings: let _reboot_sign look
+        return True
 
 
 def _compare(key: str, g: dict, memo: GpuMemo, cur: list, ts: float, rules, host: str) -> list[Finding]:
@@ -125,7 +135,7 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
     if driver is not None and driver != st.driver:
         st.driver, st.dirty = driver, True
     for g in s["gpus"]:
-        key = str(g["index"])
+        key = _KEYS[g["index"]]
         present.add(key)
         try:
             cur = list(_READ(g))
@@ -134,17 +144,19 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
         memo, uuid = st.memo(key), g.get("uuid")
         if memo.uuid and uuid and memo.uuid != uuid:  # another card in this slot: its history is not this one's
             memo = st.gpus[key] = GpuMemo()
+        last = memo.last
         if memo.lost:
             memo.rebooted(ts, f"returned at {ts:.3f} after being lost since {memo.missing_since:.3f}", config)
-        elif memo.last and (sign := _reboot_sign(memo, cur, driver_changed)):
+        elif last and (driver_changed or _maybe_back(last, cur)) and (sign := _reboot_sign(memo, cur, driver_changed)):
             memo.rebooted(ts, sign, config)
             st.dirty = True
-        if not memo.last or memo.miss or cur[ERRORS] != memo.last[ERRORS]:
+        if not last or memo.miss or cur[ERRORS] != last[ERRORS]:
             st.dirty = True
-            out += _compare(key, g, memo, cur, ts, rules, host) if memo.last else \
+            out += _compare(key, g, memo, cur, ts, rules, host) if last else \
                 _flags(key, g, None, None, cur, f"{host} GPU {key}")
         memo.uuid, memo.pci, memo.ts, memo.last = uuid, norm_pci(g.get("pci_bus_id")), ts, cur
-        memo.miss, memo.missing_since, memo.lost = 0, None, False
+        if memo.miss:  # lost and missing_since are set only while samples miss the GPU
+            memo.miss, memo.missing_since, memo.lost = 0, None, False
     for key, memo in st.gpus.items():
         if not memo.last or key in present or not key.isdigit():
             continue
