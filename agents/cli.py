@@ -54,7 +54,8 @@ async def _ensure_topics(settings: AgentSettings) -> None:
     """Create the registry's topics if missing (so nothing auto-creates them with the wrong partition count)."""
     try:
         async with asyncio.timeout(15):
-            await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
+            await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix,
+                                replication=settings.replication)
     except Exception as exc:  # no broker yet, or no permission: records spool until the topics exist
         log.warning("could not check the topics on %s: %r", settings.bootstrap, exc)
 

@@ -30,6 +30,10 @@ class CommonSettings(BaseSettings):
     kafka_ssl_certfile: Path | None = Field(default=None, description="client certificate for mutual TLS")
     kafka_ssl_keyfile: Path | None = None
     local_kafka_port: int = Field(default=19092, ge=1024, le=65535)
+    local_kafka_nodes: int = Field(default=1, ge=1, le=5, description="the local broker: 1 node, or a KRaft cluster of "
+                                   "this many nodes on loopback (node k listens on local_kafka_port + 2k)")
+    kafka_replication: int | None = Field(default=None, ge=1, le=5, description="replicas of every topic fleetpulse "
+                                          "creates; unset: 3 on a local cluster of 3+ nodes, else 1")
     clickhouse_url: str | None = Field(
         default=None,
         validation_alias=AliasChoices("FLEETPULSE_CLICKHOUSE_URL", "CLICKHOUSE_URL"),
@@ -52,8 +56,16 @@ class CommonSettings(BaseSettings):
 
     @property
     def bootstrap(self) -> str:
-        """The broker every component talks to."""
-        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.local_kafka_port}"
+        """The broker(s) every component talks to."""
+        return self.kafka_bootstrap_servers or ",".join(f"127.0.0.1:{self.local_kafka_port + 2 * k}"
+                                                        for k in range(self.local_kafka_nodes))
+
+    @property
+    def replication(self) -> int:
+        """Replicas of the topics fleetpulse creates (raw, derived, dead-letter, the worker's changelogs)."""
+        if self.kafka_replication is not None:
+            return self.kafka_replication
+        return min(3, self.local_kafka_nodes) if self.uses_local_kafka and self.local_kafka_nodes >= 3 else 1
 
     @property
     def uses_local_kafka(self) -> bool:

@@ -1,4 +1,5 @@
-"""The project's local single-node KRaft Kafka broker (Maven Central jars on Java 17) and the readiness round trip."""
+"""The project's local KRaft Kafka broker, one node or a loopback cluster (Maven Central jars on Java 17), and the
+readiness round trip."""
 
 from __future__ import annotations
 
@@ -144,14 +145,19 @@ class TlsListener:
 
 
 class LocalKafka:
-    """One KRaft broker+controller (node.id=1) whose state lives under data_dir/kafka/."""
+    """One KRaft broker+controller whose state lives under data_dir/kafka/ (node 1 alone), or one node of a
+    LocalKafkaCluster (data_dir/kafka-<node>/, voting with the others)."""
 
     def __init__(self, data_dir: Path, port: int = 19092, controller_port: int | None = None,
-                 tls: TlsListener | None = None):
-        self.home = (Path(data_dir) / "kafka").resolve()
+                 tls: TlsListener | None = None, *, node_id: int = 1, voters: tuple[tuple[int, int], ...] = (),
+                 cluster_id: str | None = None):
+        self.home = (Path(data_dir) / (f"kafka-{node_id}" if voters else "kafka")).resolve()
         self.port = port
         self.tls = tls
+        self.node_id = node_id
         self.controller_port = controller_port or port + 1
+        self.voters = voters or ((node_id, self.controller_port),)  # (node id, controller port) of every voter
+        self.cluster_id = cluster_id
         self.bootstrap = f"127.0.0.1:{port}"
         self.properties = self.home / "server.properties"
         self.pid_file = self.home / "broker.pid"
@@ -187,27 +193,34 @@ class LocalKafka:
 
     def start(self, timeout: float = 120) -> str:
         """Start the broker (or find ours running), wait for a produce/consume round trip; return the bootstrap."""
+        with self._locked():
+            self.launch()
+            return _ready([self], self.bootstrap, timeout)
+
+    @contextlib.contextmanager
+    def _locked(self):
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.home / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per data dir, across processes
-            running = self._running_pid()
-            if running is None:
-                self._launch()
-            elif self._read_pid_file().get("port") != self.port:
-                raise BrokerError(f"the broker of {self.home} already runs (pid {running}) on another port; stop it first")
-            deadline = time.monotonic() + timeout
-            while (left := deadline - time.monotonic()) > 0:
-                if self._running_pid() is None:
-                    raise BrokerError(f"Kafka exited during start-up; {self.log_file}:\n{_tail(self.log_file)}")
-                if not _listening(self.port):  # wait quietly instead of letting aiokafka log connection refusals
-                    time.sleep(0.2)
-                    continue
-                try:
-                    _run_async(lambda: round_trip(self.bootstrap, timeout=min(10.0, left)))
-                    return self.bootstrap
-                except BrokerError:
-                    continue
-            raise BrokerError(f"Kafka at {self.bootstrap} not ready within {timeout:.0f}s; {self.log_file}:\n{_tail(self.log_file)}")
+            yield
+
+    def launch(self) -> None:
+        """Start this node's process unless ours already runs (on this port); not waiting for it to serve."""
+        running = self._running_pid()
+        if running is None:
+            self._launch()
+        elif self._read_pid_file().get("port") != self.port:
+            raise BrokerError(f"the broker of {self.home} already runs (pid {running}) on another port; stop it first")
+
+    def kill(self) -> int | None:
+        """SIGKILL the node's process group at once (a crash, for tests); its pid, or None if none ran."""
+        pid = self._running_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while self._alive(pid):
+                time.sleep(0.05)
+        return pid
 
     def stop(self, timeout: float = 30) -> bool:
         """SIGTERM the broker's process group (controlled shutdown), SIGKILL after timeout; True if one was running."""
@@ -252,7 +265,8 @@ class LocalKafka:
         log4j.write_text(LOG4J_PROPERTIES)
         if not (logs / "meta.properties").exists():  # format once; a restart keeps the existing logs
             fmt = subprocess.run([str(java), "-cp", classpath, f"-Dlog4j.configuration=file:{log4j}",
-                                  "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(self.properties),
+                                  "kafka.tools.StorageTool", "format", "-t", self.cluster_id or _cluster_id(),
+                                  "-c", str(self.properties),
                                   *(self.tls.format_args() if self.tls else [])],
                                  capture_output=True, text=True, timeout=120)
             if fmt.returncode != 0:
@@ -269,10 +283,11 @@ class LocalKafka:
     def _server_properties(self, logs: Path) -> str:
         plain = f"PLAINTEXT://127.0.0.1:{self.port}"
         ssl_ = f",{self.tls.protocol}://localhost:{self.tls.port}" if self.tls else ""
+        replicas = min(3, len(self.voters))
         return "\n".join([
             "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"node.id={self.node_id}",
+            "controller.quorum.voters=" + ",".join(f"{n}@127.0.0.1:{port}" for n, port in self.voters),
             f"listeners={plain}{ssl_},CONTROLLER://127.0.0.1:{self.controller_port}",
             f"advertised.listeners={plain}{ssl_}",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
@@ -282,9 +297,12 @@ class LocalKafka:
             f"log.dirs={logs}",
             "num.partitions=1",
             "auto.create.topics.enable=true",  # convenience only: the project creates its topics explicitly
-            "offsets.topic.replication.factor=1",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
+            f"offsets.topic.replication.factor={replicas}",
+            f"transaction.state.log.replication.factor={replicas}",
+            f"default.replication.factor={replicas}",
+            # a cluster acknowledges a write (acks=all) once two replicas hold it: one node may die without a loss
+            f"min.insync.replicas={min(2, replicas)}",
+            f"transaction.state.log.min.isr={min(2, replicas)}",
             "group.initial.rebalance.delay.ms=0",
             "",
         ])
@@ -318,6 +336,71 @@ class LocalKafka:
         return True
 
 
+def _ready(nodes: list[LocalKafka], bootstrap: str, timeout: float) -> str:
+    """Wait until `bootstrap` passes a produce/consume round trip; fail early, with its log, if a node exits."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        for node in nodes:
+            if node._running_pid() is None:
+                raise BrokerError(f"Kafka exited during start-up; {node.log_file}:\n{_tail(node.log_file)}")
+        if not any(_listening(node.port) for node in nodes):  # wait quietly: no client logging connection refusals
+            time.sleep(0.2)
+            continue
+        try:
+            _run_async(lambda: round_trip(bootstrap, timeout=min(10.0, left)))
+            return bootstrap
+        except BrokerError:
+            continue
+    logs = "".join(f"\n{node.log_file}:\n{_tail(node.log_file)}" for node in nodes)
+    raise BrokerError(f"Kafka at {bootstrap} not ready within {timeout:.0f}s;{logs}")
+
+
+class LocalKafkaCluster:
+    """`nodes` KRaft nodes on loopback, each a broker and a controller voter (node k, 1-based, on port + 2(k-1) and
+    its controller on the port after), one cluster id; topics replicated 3 ways (as far as there are nodes) with
+    min.insync.replicas 2, so that one node may die while producers with acks=all lose nothing."""
+
+    def __init__(self, data_dir: Path, nodes: int = 3, port: int = 19092):
+        self.data_dir = Path(data_dir)
+        voters = tuple((k + 1, port + 2 * k + 1) for k in range(nodes))
+        ident = self.data_dir / "kafka-cluster.id"
+        if not ident.exists():  # every node formats its storage with the same id, kept for restarts
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            ident.write_text(_cluster_id())
+        self.nodes = [LocalKafka(data_dir, port + 2 * k, node_id=k + 1, voters=voters, cluster_id=ident.read_text())
+                      for k in range(nodes)]
+        self.bootstrap = ",".join(n.bootstrap for n in self.nodes)
+
+    def start(self, timeout: float = 180) -> str:
+        """Start every node not running (a quorum needs most of them before any serves); wait for a round trip."""
+        with contextlib.ExitStack() as locks:
+            for node in self.nodes:
+                locks.enter_context(node._locked())
+                node.launch()
+            return _ready(self.nodes, self.bootstrap, timeout)
+
+    def stop(self, timeout: float = 30) -> bool:
+        stopped = [node.stop(timeout) for node in reversed(self.nodes)]
+        return any(stopped)
+
+    def status(self) -> dict:
+        pids = [node._running_pid() for node in self.nodes]
+        ready = False
+        if any(pids):
+            with contextlib.suppress(BrokerError):
+                _run_async(lambda: round_trip(self.bootstrap, timeout=5))
+                ready = True
+        return {"running": any(pids), "pids": pids, "bootstrap": self.bootstrap, "data_dir": str(self.data_dir),
+                "ready": ready}
+
+
+def local_broker(settings: CommonSettings) -> LocalKafka | LocalKafkaCluster:
+    """The project's local broker as settings describe it: one node, or a cluster of local_kafka_nodes."""
+    if settings.local_kafka_nodes > 1:
+        return LocalKafkaCluster(settings.data_dir, settings.local_kafka_nodes, settings.local_kafka_port)
+    return LocalKafka(settings.data_dir, settings.local_kafka_port)
+
+
 def _cluster_id() -> str:
     """A Kafka Uuid string: url-safe base64 of 16 random bytes, unpadded, never starting with '-'."""
     while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
@@ -328,7 +411,7 @@ def _cluster_id() -> str:
 def ensure_broker(settings: CommonSettings, timeout: float = 120) -> str:
     """Make sure the configured Kafka answers: start the local broker, or verify the external cluster."""
     if settings.uses_local_kafka:
-        return LocalKafka(settings.data_dir, settings.local_kafka_port).start(timeout)
+        return local_broker(settings).start(timeout)
     client_args = settings.kafka_client_args()
     bootstrap = client_args.pop("bootstrap_servers")
     _run_async(lambda: round_trip(bootstrap, timeout=timeout, **client_args))

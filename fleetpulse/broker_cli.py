@@ -1,11 +1,11 @@
-"""`fleetpulse kafka start|stop|status`: the project's own single-node broker."""
+"""`fleetpulse kafka start|stop|status`: the project's own broker (one node, or FLEETPULSE_LOCAL_KAFKA_NODES)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from fleetpulse.broker import LocalKafka, ensure_broker
+from fleetpulse.broker import ensure_broker, local_broker
 from core.settings import CommonSettings, load
 
 
@@ -16,7 +16,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = load(CommonSettings)
-    broker = LocalKafka(settings.data_dir, settings.local_kafka_port)
+    broker = local_broker(settings)
     if args.action == "jars":
         print(broker.ensure_jars())
     elif args.action == "start":

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetpulse.broker import LocalKafka, ensure_broker
+from fleetpulse.broker import ensure_broker, local_broker
 from core.errors import FleetpulseError
 from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic
@@ -90,9 +90,10 @@ class Stack:
     async def run(self) -> dict:
         s, a = self.settings, self.args
         if s.uses_local_kafka:
-            self.started_broker = not LocalKafka(s.data_dir, s.local_kafka_port).status()["running"]
+            self.started_broker = not local_broker(s).status()["running"]
         await asyncio.to_thread(ensure_broker, s)
-        await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix)  # the live view reads their offsets
+        # the live view reads their offsets
+        await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
         sink = self._child("sink", "sink")
         await sink.start()
         if not a.no_streams:
@@ -131,7 +132,7 @@ class Stack:
                     await self.children[name].stop()
             await watch.close()
             if self.started_broker:
-                await asyncio.to_thread(LocalKafka(s.data_dir, s.local_kafka_port).stop)
+                await asyncio.to_thread(local_broker(s).stop)
         report = _last_json(simulator.stdout)
         return {"simulator": report, "final": view.last}
 

@@ -103,7 +103,7 @@ class ClickHouseSink:
         if self.client is None:
             await self.open_store()
         kafka = self.settings.kafka_client_args()
-        await ensure_topics(kafka, prefix=self.settings.topic_prefix)
+        await ensure_topics(kafka, prefix=self.settings.topic_prefix, replication=self.settings.replication)
         # What is already stored, before any fetch: take() refuses to insert at or below it even when the rebalance
         # listener's seek did not happen (a listener that raises is only logged by aiokafka).
         self.stored = await self.db(store.watermarks, self.client)

@@ -65,10 +65,10 @@ async def _ensure_topics(settings, app: faust.App, timeout: float = 30.0) -> Non
     try:
         async with asyncio.timeout(timeout):
             created = await ensure_topics(settings.kafka_client_args(), settings.topic_prefix,
-                                          settings.streams_replication)
+                                          settings.replication)
             created += await create_missing(settings.kafka_client_args(),
-                                            internal_topics(app_id(settings.topic_prefix), settings.streams_replication)
-                                            + changelog_topics(app, settings.streams_replication))
+                                            internal_topics(app_id(settings.topic_prefix), settings.replication)
+                                            + changelog_topics(app, settings.replication))
     except BrokerError:
         raise  # already says why (a refused password, an unknown CA, nothing listening)
     except Exception as exc:  # noqa: BLE001 - connection refused, timeout, auth: the broker is not usable

@@ -43,7 +43,6 @@ class StreamsSettings(CommonSettings):
     streams_direct_lanes: bool = Field(default=True, description="lanes take their records from the fetch loop in "
                                        "batches (streams/runtime/inbox.py), not one faust event at a time through "
                                        "a stream; needs streams_eager_delivery. false: through faust's streams")
-    streams_replication: int = Field(default=1, ge=1, le=5, description="replicas of changelog/internal topics")
     streams_max_crashes: int = Field(default=5, ge=1, description="a stage whose lane crashes this many times within "
                                      "streams_crash_window_s stops the worker (exit 1) instead of looping half-alive")
     streams_crash_window_s: float = Field(default=300.0, gt=0)

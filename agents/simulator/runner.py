@@ -163,7 +163,8 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                          start_ts=_aligned_start(interval) if aligned else start_ts,
                          nccl_interval=plan.nccl_interval_s)
     try:
-        await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
+        await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix,
+                            replication=settings.replication)
     except KafkaError as exc:
         raise BrokerError(f"cannot create the topics on {settings.bootstrap}: {exc!r}") from exc
     truth: list[dict] = []

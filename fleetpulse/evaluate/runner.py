@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator
 from agents.simulator.scenario import Scenario
-from fleetpulse.broker import LocalKafka, ensure_broker
+from fleetpulse.broker import ensure_broker, local_broker
 from core.errors import FleetpulseError
 from fleetpulse.evaluate import collect
 from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
@@ -114,7 +114,7 @@ class Evaluation:
     async def run(self) -> dict:
         """The run, with the local broker started for it (when none ran) stopped at its end, or said to be left."""
         s = self.settings
-        local = LocalKafka(s.data_dir, s.local_kafka_port) if s.uses_local_kafka else None
+        local = local_broker(s) if s.uses_local_kafka else None
         started = local is not None and not (await asyncio.to_thread(local.status))["running"]
         try:
             return await self._run()
@@ -130,7 +130,7 @@ class Evaluation:
         p, s = self.plan, self.settings
         wall0 = time.monotonic()
         await asyncio.to_thread(ensure_broker, s)
-        await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix)
+        await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
         sink_settings = load(SinkSettings, **{**s.model_dump(include=set(CommonSettings.model_fields)),
                                               "clickhouse_database": self.database, "sink_serve_queries": False,
                                               "sink_batch_max_seconds": 0.5})

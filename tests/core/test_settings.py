@@ -63,3 +63,15 @@ def test_tls_protocols_get_an_ssl_context_for_aiokafka(monkeypatch):
     assert args["sasl_plain_password"] == "p" and args["security_protocol"] == "SASL_SSL"
     monkeypatch.setenv("FLEETPULSE_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT")
     assert "ssl_context" not in load(CommonSettings).kafka_client_args()
+
+
+def test_a_local_cluster_is_bootstrapped_by_every_node_and_replicates_three_ways(monkeypatch):
+    for var in [v for v in os.environ if v.startswith("FLEETPULSE_")] + ["KAFKA_BOOTSTRAP_SERVERS"]:
+        monkeypatch.delenv(var, raising=False)
+    one = load(CommonSettings)
+    assert (one.bootstrap, one.replication) == ("127.0.0.1:19092", 1)
+    three = load(CommonSettings, local_kafka_nodes=3, local_kafka_port=20000)
+    assert (three.bootstrap, three.replication) == ("127.0.0.1:20000,127.0.0.1:20002,127.0.0.1:20004", 3)
+    assert load(CommonSettings, local_kafka_nodes=3, kafka_replication=2).replication == 2  # said outright: as said
+    external = load(CommonSettings, local_kafka_nodes=3, kafka_bootstrap_servers="k1:9092,k2:9092")
+    assert (external.bootstrap, external.replication) == ("k1:9092,k2:9092", 1)  # unknown cluster: not assumed

@@ -168,3 +168,19 @@ async def test_round_trip_fails_cleanly_without_a_broker():
     (port,) = free_ports(1)
     with pytest.raises(BrokerError, match=f"127.0.0.1:{port}"):
         await round_trip(f"127.0.0.1:{port}", timeout=2)
+
+
+def test_cluster_nodes_vote_together_and_replicate_with_two_in_sync(tmp_path):
+    from fleetpulse.broker import LocalKafkaCluster
+
+    cluster = LocalKafkaCluster(tmp_path, nodes=3, port=30000)
+    assert cluster.bootstrap == "127.0.0.1:30000,127.0.0.1:30002,127.0.0.1:30004"
+    assert len({node.cluster_id for node in cluster.nodes}) == 1  # one cluster id, kept for restarts
+    assert LocalKafkaCluster(tmp_path, nodes=3, port=30000).nodes[0].cluster_id == cluster.nodes[0].cluster_id
+    props = dict(line.split("=", 1) for line in cluster.nodes[1]._server_properties(tmp_path / "logs").splitlines()
+                 if "=" in line)
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:30001,2@127.0.0.1:30003,3@127.0.0.1:30005"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:30002,CONTROLLER://127.0.0.1:30003"
+    assert (props["default.replication.factor"], props["offsets.topic.replication.factor"],
+            props["min.insync.replicas"]) == ("3", "3", "2")
