@@ -1,0 +1,103 @@
+"""A 3-node KRaft cluster on loopback loses a broker (kill -9) while the simulator publishes and the stream worker and
+the sink run: every sample is stored once, and an XID sent after the kill still becomes one fault."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from agents.simulator.runner import simulate
+from core.settings import CommonSettings, load
+from fleetpulse.broker import LocalKafkaCluster, _listening
+from schemas.provision import ensure_topics
+from schemas.topics import SAMPLES, XID
+from sinks import store
+from tests.pipeline import worker_and_sink
+from tests.streams.test_worker_integration import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def free_block(ports: int) -> int:
+    """A base port with `ports` consecutive ports free on loopback."""
+    for _ in range(50):
+        base = random.randrange(30_000, 60_000, 2)
+        if not any(_listening(base + k) for k in range(ports)):
+            return base
+    raise RuntimeError(f"no {ports} consecutive free ports found")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    kafka = LocalKafkaCluster(tmp_path / "cluster", nodes=3, port=free_block(6))
+    try:
+        kafka.start(timeout=240)
+        yield kafka
+    finally:
+        kafka.stop(timeout=20)
+
+
+@pytest.fixture
+def cluster_env(cluster, clickhouse_url, clickhouse_database, topic_prefix, tmp_path, monkeypatch):
+    env = {"FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap, "FLEETPULSE_KAFKA_REPLICATION": "3",
+           "FLEETPULSE_CLICKHOUSE_URL": clickhouse_url, "FLEETPULSE_CLICKHOUSE_DATABASE": clickhouse_database,
+           "FLEETPULSE_TOPIC_PREFIX": topic_prefix, "FLEETPULSE_DATA_DIR": str(tmp_path / "data")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+async def test_a_broker_killed_mid_run_loses_and_doubles_nothing(cluster, cluster_env, tmp_path):
+    settings = load(CommonSettings)
+    assert settings.replication == 3
+    await ensure_topics(settings.kafka_client_args(), settings.topic_prefix, settings.replication)
+    admin = AIOKafkaAdminClient(**settings.kafka_client_args())
+    await admin.start()
+    try:
+        [described] = await admin.describe_topics([SAMPLES.full(settings.topic_prefix)])
+        assert {len(p["replicas"]) for p in described["partitions"]} == {3}
+    finally:
+        await admin.close()
+
+    log = tmp_path / "streams.log"
+    async with worker_and_sink(log, stages="fault_bins") as sink:
+        publishing = asyncio.create_task(simulate(settings, hosts=4, duration=40, seed=5, speed=1,
+                                                  start_ts=time.time() - 60, nccl_interval=0))
+        await asyncio.sleep(12)
+        victim = cluster.nodes[0]  # the first bootstrap address, and a controller voter
+        assert victim.kill() is not None and not _listening(victim.port)
+        killed_at = time.monotonic()
+        report = await asyncio.wait_for(publishing, 120)
+        assert time.monotonic() - killed_at > 20  # most of the run was published to the two survivors
+        xid = {"host": "gpu-node-0002", "ts": time.time() - 5, "code": 79, "gpu_index": 1, "message": "off the bus"}
+        producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
+        await producer.start()
+        try:
+            await producer.send_and_wait(XID.full(settings.topic_prefix), orjson.dumps(xid), key=b"gpu-node-0002")
+        finally:
+            await producer.stop()
+
+        db = store.connect(sink.settings)
+
+        def count(sql: str):
+            return db.query(sql).result_rows[0]
+
+        async def landed() -> bool:
+            return (count("SELECT count() FROM gpu_samples")[0] >= report.gpu_readings
+                    and count("SELECT count() FROM faults WHERE code = 'xid:79'")[0] >= 1)
+        try:
+            await wait_for("every sample stored and the XID's fault", landed, 180, log)
+        except AssertionError as exc:  # say how far it got, and what each node logged last
+            tails = "".join(f"\n{n.log_file}:\n{n.log_file.read_text(errors='replace')[-1500:]}" for n in cluster.nodes)
+            raise AssertionError(f"stored {count('SELECT count() FROM gpu_samples')[0]} of {report.gpu_readings} GPU "
+                                 f"samples, {count('SELECT count() FROM faults')[0]} faults; {exc}{tails}") from None
+    assert report.sent[SAMPLES.name] == 4 * 40
+    assert count("SELECT count(), uniqExact(host, gpu_index, ts) FROM gpu_samples") == \
+        (report.gpu_readings, report.gpu_readings)
+    assert count("SELECT count(), uniqExact(fault_id) FROM faults WHERE code = 'xid:79'") == (1, 1)
