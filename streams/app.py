@@ -8,6 +8,7 @@ from pathlib import Path
 
 import faust
 from faust.sensors import Monitor
+from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
 from core.errors import ConfigError
@@ -37,6 +38,14 @@ class StreamsRuntime:
     worker: str = registry.WORKERS[0]
     lanes: list[Lane] = field(default_factory=list)
     gaps: GapWatch | None = None  # re-reads a partition whose commits faust stopped (streams/runtime/offsets.py)
+
+
+class IdempotentProducer(faust_kafka.Producer):
+    """faust's producer with idempotence on: faust 0.15 turns it on only inside transactions, so a send retried after
+    a broker died between writing a stage's output and answering could write it twice. acks stays all (faust's -1)."""
+
+    def _settings_extra(self) -> dict:
+        return {**super()._settings_extra(), "enable_idempotence": True}
 
 
 def app_id(prefix: str = "") -> str:
@@ -125,6 +134,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
     namespace = app_id(s.topic_prefix)
     direct = delivery.install(s.streams_eager_delivery) and s.streams_direct_lanes
+    faust_kafka.Transport.Producer = IdempotentProducer  # the transport builds the app's producer when first used
     app = faust.App(
         group_id(s.topic_prefix, worker),
         Table=_namespaced_table(namespace),

@@ -135,3 +135,10 @@ def test_lanes_share_no_refusal_count_and_every_topic_is_counted_once(tmp_path):
     assert "ns.fleet.faults" in telemetry[0].sources  # health reads faults too: a worker of its own counts them again
     assert "ns.fleet.telemetry.samples" not in lanes["decisions"].sources  # drains never wait behind samples
     assert {a.name for a in app.fleetpulse.agents["lifecycle"]} == {"lane.decisions", "lane.fleet"}
+
+
+async def test_the_worker_s_producer_is_idempotent(tmp_path):
+    """A stage's output resent after a broker died mid-request is written once (acks=all plus idempotence)."""
+    app = create_app(settings(tmp_path), stages=["power_thermal"])
+    producer = app.producer._new_producer()  # the aiokafka producer faust starts, not started here
+    assert producer._txn_manager is not None and producer.client._bootstrap_servers == ["k1:9092", "k2:9092"]
