@@ -98,9 +98,13 @@ async def test_a_broker_killed_mid_run_loses_and_doubles_nothing(cluster, cluste
     await ensure_topics(settings.kafka_client_args(), settings.topic_prefix, settings.replication)
     admin = AIOKafkaAdminClient(**settings.kafka_client_args())
     await admin.start()
-    try:
-        [described] = await admin.describe_topics([SAMPLES.full(settings.topic_prefix)])
-        assert {len(p["replicas"]) for p in described["partitions"]} == {3}
+    try:  # a node learns of a new topic's partitions a moment after the controller: ask until it has them
+        for _ in range(60):
+            [described] = await admin.describe_topics([SAMPLES.full(settings.topic_prefix)])
+            if len(described["partitions"]) == SAMPLES.partitions:
+                break
+            await asyncio.sleep(0.5)
+        assert [len(p["replicas"]) for p in described["partitions"]] == [3] * SAMPLES.partitions
     finally:
         await admin.close()
     victim = cluster.nodes[0]  # the first bootstrap address, and a controller voter
