@@ -242,11 +242,7 @@ class LocalKafka:
     def status(self) -> dict:
         """Whether our broker process runs and, if so, passes a quick round trip."""
         pid = self._running_pid()
-        ready = False
-        if pid is not None:
-            with contextlib.suppress(BrokerError):
-                _run_async(lambda: round_trip(self.bootstrap, timeout=5))
-                ready = True
+        ready = pid is not None and _answers(self.bootstrap)
         return {"running": pid is not None, "pid": pid, "bootstrap": self.bootstrap,
                 "data_dir": str(self.home.parent), "ready": ready}
 
@@ -336,6 +332,15 @@ class LocalKafka:
         return True
 
 
+def _answers(bootstrap: str) -> bool:
+    """Whether `bootstrap` passes a quick produce/consume round trip."""
+    try:
+        _run_async(lambda: round_trip(bootstrap, timeout=5))
+    except BrokerError:
+        return False
+    return True
+
+
 def _ready(nodes: list[LocalKafka], bootstrap: str, timeout: float) -> str:
     """Wait until `bootstrap` passes a produce/consume round trip; fail early, with its log, if a node exits."""
     deadline = time.monotonic() + timeout
@@ -385,11 +390,7 @@ class LocalKafkaCluster:
 
     def status(self) -> dict:
         pids = [node._running_pid() for node in self.nodes]
-        ready = False
-        if any(pids):
-            with contextlib.suppress(BrokerError):
-                _run_async(lambda: round_trip(self.bootstrap, timeout=5))
-                ready = True
+        ready = any(pids) and _answers(self.bootstrap)
         return {"running": any(pids), "pids": pids, "bootstrap": self.bootstrap, "data_dir": str(self.data_dir),
                 "ready": ready}
 
