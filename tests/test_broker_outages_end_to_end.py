@@ -45,13 +45,10 @@ def cluster(tmp_path):
 
 
 @pytest.fixture
-def cluster_env(cluster, clickhouse_url, clickhouse_database, topic_prefix, tmp_path, monkeypatch):
-    env = {"FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap, "FLEETPULSE_KAFKA_REPLICATION": "3",
-           "FLEETPULSE_CLICKHOUSE_URL": clickhouse_url, "FLEETPULSE_CLICKHOUSE_DATABASE": clickhouse_database,
-           "FLEETPULSE_TOPIC_PREFIX": topic_prefix, "FLEETPULSE_DATA_DIR": str(tmp_path / "data")}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return env
+def cluster_env(cluster, settings_env, monkeypatch):
+    """The test's namespace and database (settings_env), on the cluster instead of the session's broker."""
+    monkeypatch.setenv("FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS", cluster.bootstrap)
+    monkeypatch.setenv("FLEETPULSE_KAFKA_REPLICATION", "3")
 
 
 async def counted_run(tmp_path, disrupt) -> None:
@@ -116,16 +113,11 @@ async def test_a_broker_killed_mid_run_loses_and_doubles_nothing(cluster, cluste
     assert victim._running_pid() is None  # the rest of the run went through the two survivors
 
 
-async def test_the_only_broker_stopped_and_restarted_mid_run_loses_and_doubles_nothing(tmp_path, clickhouse_url,
-                                                                                      clickhouse_database,
-                                                                                      topic_prefix, monkeypatch):
+async def test_the_only_broker_stopped_and_restarted_mid_run_loses_and_doubles_nothing(settings_env, tmp_path,
+                                                                                      monkeypatch):
     base = free_block(2)
-    broker = LocalKafka(tmp_path / "single", port=base, controller_port=base + 1)
-    env = {"FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS": await asyncio.to_thread(broker.start),
-           "FLEETPULSE_CLICKHOUSE_URL": clickhouse_url, "FLEETPULSE_CLICKHOUSE_DATABASE": clickhouse_database,
-           "FLEETPULSE_TOPIC_PREFIX": topic_prefix, "FLEETPULSE_DATA_DIR": str(tmp_path / "data")}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    broker = LocalKafka(tmp_path / "single", port=base, controller_port=base + 1)  # its own: the session's stays up
+    monkeypatch.setenv("FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS", await asyncio.to_thread(broker.start))
 
     async def restart() -> None:  # a planned restart: down for ~10 s, every record on its disk kept
         await asyncio.to_thread(broker.stop)
