@@ -7,7 +7,8 @@ import ssl
 import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from core.errors import BrokerError
 
@@ -56,30 +57,48 @@ async def create_missing(client_args: dict, wanted: list[NewTopic], timeout: flo
     try:
         existing = set(await admin.list_topics())
         missing = [nt for nt in wanted if nt.name not in existing]
+        deadline = time.monotonic() + timeout
         if missing:
-            try:
-                await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass  # another process created them between list and create
-            await _wait_for_leaders(admin, [nt.name for nt in missing], timeout)
+            await _create(admin, missing, deadline)
+            await _wait_for_leaders(admin, missing, deadline)
         return [nt.name for nt in missing]
     finally:
         await admin.close()
 
 
-async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout: float) -> None:
-    """New topics refuse writes until their partitions have leaders; wait so producers start clean."""
-    deadline = time.monotonic() + timeout
+# CreateTopics answers per topic, and aiokafka raises for none of them: 0 created, 36 already there (another process
+# made it between list and create), 7 timed out (the controller goes on creating it). Any other code (41 "not the
+# controller" while a new cluster's quorum settles) means it was not created, and must be asked again: left as it
+# is, the first metadata request for it would have the broker auto-create it with one partition.
+_CREATED = {0, 7, 36}
+
+
+async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic], deadline: float) -> None:
+    while topics:
+        response = await admin.create_topics(topics)
+        refused = {topic: code for topic, code, *_ in response.topic_errors if code not in _CREATED}
+        topics = [nt for nt in topics if nt.name in refused]
+        if topics and time.monotonic() > deadline:
+            raise BrokerError(f"the cluster did not create {len(topics)} topics (error codes {refused})")
+        if topics:
+            await asyncio.sleep(0.5)
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[NewTopic], deadline: float) -> None:
+    """New topics refuse writes until every partition has a leader; wait so producers start clean. Asked without
+    auto-creation: a broker that has not heard of a topic yet must not create it with its default partition count."""
+    wanted = {nt.name: nt.num_partitions for nt in topics}
     while True:
-        described = await admin.describe_topics(names)
+        response = await admin._send_request(MetadataRequest(list(wanted), allow_auto_topic_creation=False))
         pending = [
-            d["topic"] for d in described
-            if d["error_code"] != 0 or not d["partitions"] or any(p["leader"] < 0 for p in d["partitions"])
+            d["topic"] for d in response.to_object()["topics"]
+            if d["error_code"] != 0 or len(d["partitions"]) != wanted.get(d["topic"])
+            or any(p["leader"] < 0 for p in d["partitions"])
         ]
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise BrokerError(f"topics without leaders after {timeout:.0f}s: {', '.join(pending[:5])}")
+            raise BrokerError(f"topics without a leader for each of their partitions: {', '.join(pending[:5])}")
         await asyncio.sleep(0.1)
 
 
