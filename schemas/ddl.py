@@ -5,6 +5,7 @@ from __future__ import annotations
 from schemas.tables import INGESTED_AT, TABLES, Table
 
 WATERMARKS = "sink_watermarks"
+RESETS = "sink_topic_resets"
 # Insert deduplication must be explicit: non-replicated MergeTree only deduplicates with a window > 0.
 TABLE_SETTINGS = "non_replicated_deduplication_window = 10000, index_granularity = 8192"
 
@@ -30,6 +31,17 @@ def create_watermarks(database: str = "default") -> str:
     )
 
 
+def create_resets(database: str = "default") -> str:
+    """Partitions the sink found recreated (their log ends at or below the store's watermark): their watermark was
+    dropped and their records read as new. Also the epoch of a topic's insert deduplication tokens (sinks/batch.py)."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.{RESETS}\n(\n"
+        "    `at` DateTime64(3, 'UTC'),\n    `topic` LowCardinality(String),\n    `partition` UInt16,\n"
+        "    `stored_before` UInt64,\n    `log_end` UInt64\n)\n"
+        "ENGINE = MergeTree\nORDER BY (topic, partition, at)"
+    )
+
+
 def create_watermark_view(table: Table, database: str = "default", topic_prefix: str = "") -> str:
     return (
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{table.name}_watermark_mv TO {database}.{WATERMARKS}\n"
@@ -40,7 +52,7 @@ def create_watermark_view(table: Table, database: str = "default", topic_prefix:
 
 def statements(database: str = "default", topic_prefix: str = "") -> list[str]:
     """Every statement needed for a fresh database, in order."""
-    out = [f"CREATE DATABASE IF NOT EXISTS {database}", create_watermarks(database)]
+    out = [f"CREATE DATABASE IF NOT EXISTS {database}", create_watermarks(database), create_resets(database)]
     for table in TABLES.values():
         out += [create_table(table, database), create_watermark_view(table, database, topic_prefix)]
     return out

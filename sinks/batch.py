@@ -30,6 +30,7 @@ class Batch:
     ranges: dict[int, list[int]] = field(default_factory=dict)
     entries: list[Entry] = field(default_factory=list)  # records with rows, in the order they came
     opened: float | None = None
+    epoch: int = 0  # times one of the topic's partitions was found recreated: its offsets begin again
 
     def cover(self, partition: int, offset: int) -> None:
         """Account for an offset (with or without rows: dead-lettered records must be committed too)."""
@@ -58,7 +59,8 @@ class Batch:
         return self.opened is None
 
     def token(self) -> str:
-        """Deduplication token: topic plus the exact offset range of every partition in the batch."""
+        """Deduplication token: topic (and its epoch once recreated: the same offsets are other records then) plus the
+        exact offset range of every partition in the batch."""
         return self._token(self.ranges)
 
     def segment_token(self, entries: list[Entry]) -> str:
@@ -72,7 +74,7 @@ class Batch:
 
     def _token(self, ranges: dict[int, list[int]]) -> str:
         spans = ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(ranges.items()))
-        return f"{self.topic}|{spans}"
+        return f"{self.topic}#{self.epoch}|{spans}" if self.epoch else f"{self.topic}|{spans}"
 
     def next_offsets(self) -> dict[int, int]:
         """What to commit once the batch is durable: the offset after the last one covered."""

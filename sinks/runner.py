@@ -32,6 +32,7 @@ class TableStats:
     last_insert_ms: float = 0.0
     already_stored: int = 0  # replayed records at or below the stored watermark: skipped, still committed
     split_batches: int = 0  # batches the store refused whole, inserted in parts around the records at fault
+    topic_resets: int = 0  # partitions found recreated (log end at or below the stored watermark): read as new
 
 
 @dataclass
@@ -56,7 +57,13 @@ class _Rebalance(ConsumerRebalanceListener):
         await self.sink.flush_all()
 
     async def on_partitions_assigned(self, assigned):
-        await self.sink.seek_past_watermarks(assigned)
+        # Paused until the sink has looked at them: the fetcher runs meanwhile, and records it returned before the
+        # seek (or before a recreated partition's watermark is gone) would be judged against the wrong offsets.
+        self.sink.consumer.pause(*assigned)
+        try:
+            await self.sink.seek_past_watermarks(assigned)
+        finally:
+            self.sink.consumer.resume(*assigned)
 
 
 class ClickHouseSink:
@@ -107,6 +114,9 @@ class ClickHouseSink:
         # What is already stored, before any fetch: take() refuses to insert at or below it even when the rebalance
         # listener's seek did not happen (a listener that raises is only logged by aiokafka).
         self.stored = await self.db(store.watermarks, self.client)
+        for topic, epoch in (await self.db(store.topic_epochs, self.client)).items():
+            if topic in self.batches:
+                self.batches[topic].epoch = epoch
         self.producer = AIOKafkaProducer(**kafka, acks="all", enable_idempotence=True)
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(
@@ -121,8 +131,10 @@ class ClickHouseSink:
         self.stats.ready = True
 
     async def seek_past_watermarks(self, assigned) -> None:
-        """Resume after the highest offset already stored, even where Kafka's commit lags behind it."""
+        """Resume after the highest offset already stored, even where Kafka's commit lags behind it; a partition that
+        ends at or below that offset was recreated and is read as new (reset_recreated)."""
         marks = await self.db(store.watermarks, self.client)
+        await self.reset_recreated(assigned, marks)
         self.stored = marks
         for tp in assigned:
             stored = marks.get((tp.topic, tp.partition))
@@ -132,6 +144,29 @@ class ClickHouseSink:
             if committed is None or committed <= stored:
                 self.consumer.seek(tp, stored + 1)
                 log.info("resuming %s[%d] at %d after stored rows", tp.topic, tp.partition, stored + 1)
+
+    async def reset_recreated(self, assigned, marks: dict[tuple[str, int], int]) -> None:
+        """A partition whose log ends at or below the highest offset stored from it is not the one those rows came
+        from (a topic deleted and made again, a wiped broker, a store moved to another cluster): its offsets began
+        again, and skipping them as replays would lose every record. Its watermark goes (the reset is recorded in
+        sink_topic_resets, with a warning) and the topic's insert tokens take a new epoch. A recreated topic that has
+        already grown past the old watermark cannot be told apart by offsets (README, "The sink")."""
+        held = [tp for tp in assigned if (tp.topic, tp.partition) in marks]
+        if not held:
+            return
+        ends = await self.consumer.end_offsets(held)
+        for tp in held:
+            stored, end = marks[(tp.topic, tp.partition)], ends.get(tp)
+            if end is None or stored < end:
+                continue
+            await self.db(store.reset_watermark, self.client, tp.topic, tp.partition, stored, end)
+            del marks[(tp.topic, tp.partition)]
+            batch = self.batches[tp.topic]
+            batch.epoch += 1
+            self.stats.tables[batch.table.name].topic_resets += 1
+            log.warning("%s[%d] ends at offset %d but the store holds its rows up to offset %d: the topic was "
+                        "recreated (or this store belongs to another cluster); its records are stored as new ones "
+                        "(recorded in sink_topic_resets)", tp.topic, tp.partition, end, stored)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
@@ -112,6 +113,25 @@ def watermarks(client: Client) -> dict[tuple[str, int], int]:
     """Highest stored offset per (topic, partition), derived from the data rows themselves."""
     rows = client.query("SELECT topic, partition, max(offset) FROM sink_watermarks GROUP BY topic, partition").result_rows
     return {(topic, int(part)): int(off) for topic, part, off in rows}
+
+
+def topic_epochs(client: Client) -> dict[str, int]:
+    """Per topic, how many times the sink found one of its partitions recreated (sink_topic_resets)."""
+    rows = client.query("SELECT topic, count() FROM sink_topic_resets GROUP BY topic").result_rows
+    return {topic: int(n) for topic, n in rows}
+
+
+def reset_watermark(client: Client, topic: str, partition: int, stored: int, log_end: int) -> None:
+    """Record that `topic`[`partition`] was recreated (it ends at `log_end`, at or below the `stored` watermark), then
+    drop its watermark, so its records are stored as new ones. In that order: should the sink stop between the two, it
+    finds the same partition again on its next start and records a second reset, never loses one."""
+    try:
+        client.insert("sink_topic_resets", [(datetime.now(timezone.utc), topic, partition, stored, log_end)],
+                      column_names=["at", "topic", "partition", "stored_before", "log_end"])
+        client.command("ALTER TABLE sink_watermarks DELETE WHERE topic = {t:String} AND partition = {p:UInt16}",
+                       parameters={"t": topic, "p": partition}, settings={"mutations_sync": 2})
+    except Exception as exc:
+        raise as_store_error(exc, f"cannot reset the watermark of {topic}[{partition}]") from exc
 
 
 def insert(client: Client, table: str, column_names: list[str], rows: list[tuple], token: str,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
+from core.kafka_admin import delete_prefixed
 from schemas.provision import ensure_topics
 from core.settings import load
 from schemas.codec import encode
@@ -189,3 +192,45 @@ async def test_xids_spanning_more_days_than_one_insert_may_touch_are_all_stored(
     stats = sink.stats.tables["xid_events"]
     assert (stats.rows, stats.dead_letters) == (len(xids), 0) and stats.split_batches >= 1
     assert rows_in(settings, "SELECT count(), uniqExact(toDate(ts)) FROM xid_events") == [(150, 150)]
+
+
+async def test_a_recreated_topic_is_stored_from_its_start_not_skipped_as_already_stored(settings, caplog):
+    """A store outlives its broker (a wiped dev broker, a topic deleted and made again): the new topic's offsets start
+    at 0 again, below the store's watermarks, and would all be skipped as replays. The sink sees that a partition ends
+    below what the store says it holds, records the reset and stores the new records; a rerun adds nothing."""
+    now = time.time()
+    first = [sample(h, s, now) for s in range(6) for h in range(8)]
+    await produce(settings, first)
+    await sink_until(settings, lambda s: s.stats.tables["gpu_samples"].rows >= len(first) * 8)
+
+    await delete_prefixed(settings.kafka_client_args(), settings.topic_prefix)
+    await gone(settings, SAMPLES.full(settings.topic_prefix))
+    second = [sample(h, s, now + 100) for s in range(2) for h in range(8)]  # fewer records than the first topic held
+    await produce(settings, second)
+    with caplog.at_level(logging.WARNING, logger="fleetpulse.sink"):
+        after = await sink_until(settings, lambda s: s.stats.tables["gpu_samples"].rows >= len(second) * 8, timeout=30)
+    assert after.stats.tables["gpu_samples"].rows == len(second) * 8
+    assert rows_in(settings, "SELECT count(), uniqExact(host, seq, ts, gpu_index) FROM gpu_samples") == \
+        [((len(first) + len(second)) * 8,) * 2]
+    resets = rows_in(settings, "SELECT topic, partition, stored_before, log_end FROM sink_topic_resets")
+    topic = SAMPLES.full(settings.topic_prefix)
+    assert resets and all(t == topic and stored >= end for t, _, stored, end in resets)
+    assert any("was recreated" in r.getMessage() for r in caplog.records)
+
+    again = settings.model_copy(update={"sink_group_id": "replay-group"})  # reads the new topic from its start
+    await sink_until(again, lambda s: False, timeout=6)
+    assert rows_in(settings, "SELECT count() FROM gpu_samples") == [((len(first) + len(second)) * 8,)]
+    assert rows_in(settings, "SELECT count() FROM sink_topic_resets") == [(len(resets),)]  # no second reset
+
+
+async def gone(settings: SinkSettings, topic: str, timeout: float = 30.0) -> None:
+    """Wait until the broker no longer lists `topic` (deletion is asynchronous)."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_args())
+    await admin.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while topic in await admin.list_topics():
+            assert time.monotonic() < deadline, f"{topic} still listed {timeout:g} s after its deletion"
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
