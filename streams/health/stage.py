@@ -70,18 +70,14 @@ def news(h: HostHealth, sc: Scores, cfg: HealthConfig) -> list[HealthScore]:
 
 
 def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emit]:
+    """Every record that changes a host is scored at its own time, whatever the batch: the records fold in rounds (a
+    host's k-th record of the batch in round k), each round vectorised over its hosts, so one sample per host per batch
+    (the steady state) costs one round, and a backlog scores every reading it holds, as it would have live."""
     out: list[Emit] = []
     hosts: dict[str, HostHealth] = {}
     durable: set[str] = set()
-    now: dict[str, float] = {}
-    samples: list[tuple[HostHealth, dict]] = []  # folded together, vectorised; flushed before another record of theirs
-    waiting: set[str] = set()
-
-    def fold() -> None:
-        apply_samples(samples, cfg)
-        samples.clear()
-        waiting.clear()
-
+    rounds: list[list[tuple[str, Record]]] = []
+    depth: dict[str, int] = {}
     for r in records:
         rec = r.value
         if r.kind == "standing":  # flagged now, or a flag that may just clear: tell the rank's host
@@ -89,19 +85,37 @@ def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emi
                 out.append(Emit(HEALTH_STRAGGLERS, rec["host"].encode(), orjson.dumps({k: rec.get(k) for k in FORWARDED})))
             continue
         host = rec["host"]
-        st = hosts.get(host) or state.get(HOSTS, host) or HostHealth()
-        hosts[host] = st
+        if host not in hosts:
+            hosts[host] = state.get(HOSTS, host) or HostHealth()
+        k = depth.get(host, 0)
+        depth[host] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append((host, r))
+    rows: list[HealthScore] = []
+    for turn in rounds:
+        rows += _round(turn, hosts, durable, cfg)
+    for host, st in hosts.items():
+        state.put(HOSTS, host, st, durable=host in durable)
+    return [Emit(HEALTH, row.host.encode(), encode(row)) for row in rows] + out
+
+
+def _round(turn: list[tuple[str, Record]], hosts: dict[str, HostHealth], durable: set[str],
+           cfg: HealthConfig) -> list[HealthScore]:
+    """One record per host: apply each, then score the hosts it changed at the record's time; the rows that are news."""
+    samples = [(hosts[host], r.value) for host, r in turn if r.kind == "sample"]
+    folded = iter(apply_samples(samples, cfg))
+    scored: list[tuple[HostHealth, str, float]] = []
+    for host, r in turn:
+        st, rec = hosts[host], r.value
         if r.kind == "sample":
-            samples.append((st, rec))
-            waiting.add(host)
+            changed = next(folded)
         else:
-            if host in waiting:  # this host's earlier samples first: records apply in their order
-                fold()
-            if APPLY[r.kind](st, rec, cfg):
+            changed = APPLY[r.kind](st, rec, cfg)
+            if changed:
                 durable.add(host)
-        now[host] = max(now.get(host, 0.0), float(rec["ts"] if r.kind != "fault" else rec["last_ts"]))
-    fold()
-    scored = [(st, host, max(st.wm, now[host])) for host, st in hosts.items() if st.installed]  # 0: no sample yet
+        if changed and st.installed:  # installed 0: no sample yet, nothing to score
+            scored.append((st, host, max(st.wm, float(rec["last_ts"] if r.kind == "fault" else rec["ts"]))))
     rows: list[HealthScore] = []
     for (st, host, _), sc in zip(scored, score_all(scored, cfg, skip_quiet=True)):
         if sc is None:  # nothing of this host is news
@@ -110,9 +124,7 @@ def step(records: Sequence[Record], state: State, cfg: HealthConfig) -> list[Emi
         if picked:
             durable.add(host)
             rows += picked
-    for host, st in hosts.items():
-        state.put(HOSTS, host, st, durable=host in durable)
-    return [Emit(HEALTH, row.host.encode(), encode(row)) for row in rows] + out
+    return rows
 
 
 STAGE = StageSpec(
