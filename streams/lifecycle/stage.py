@@ -76,8 +76,7 @@ def check_fleet(value: object) -> dict:
 def node_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig) -> list[Emit]:
     out: list[Emit] = []
     nodes: dict[str, lc.Node] = {}
-    clock: list[dict] = []  # shares and minute ticks, in record order; then proposals and reports
-    later: list[dict] = []
+    fleet: list[dict] = []  # per record: its share, the minute tick, then its proposals and reports (any batches)
     for r in records:
         rec = r.value
         if r.kind == "health" and rec.get("gpu_index") is not None:
@@ -90,17 +89,17 @@ def node_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig
         share = node_share(n.state, n.inputs)
         if n.inputs and changed(n.share, share):
             n.share = share
-            clock.append({"kind": "share", "host": host, "ts": ts, "share": share})
+            fleet.append({"kind": "share", "host": host, "ts": ts, "share": share})
         if int(ts // 60) > state.memo.get("minute", -1):  # the fleet's minute clock moves even when nothing changes
             state.memo["minute"] = int(ts // 60)
-            clock.append({"kind": "tick", "ts": ts})
+            fleet.append({"kind": "tick", "ts": ts})
         out += [Emit(NODE_STATE, host.encode(), encode(st), f"{host} {st.prev_state} -> {st.state}: {st.reason}")
                 for st in o.states]
         out += [Emit(DRAIN, host.encode(), encode(req)) for req in o.requests]
-        later += o.proposals + o.reports
+        fleet += o.proposals + o.reports
     for host, n in nodes.items():
         state.put(NODES, host, n.to_json())
-    return out + [Emit(LIFECYCLE_FLEET, FLEET_KEY, orjson.dumps(rec)) for rec in clock + later]
+    return out + [Emit(LIFECYCLE_FLEET, FLEET_KEY, orjson.dumps(rec)) for rec in fleet]
 
 
 def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig) -> list[Emit]:
