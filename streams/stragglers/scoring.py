@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.analytics import StragglerScore
-from streams.stragglers.windows import Batch, JobState, Window
+from streams.stragglers.windows import NS_PER_US, Batch, JobState, Window
 
 MAD_TO_SIGMA = 1.4826  # = 1 / 0.6745
 MEAN_AD_TO_SIGMA = 1.253314
@@ -89,8 +89,8 @@ def score(acc: Window, cfg: Config) -> Scores | None:
     if (n >= cfg.min_samples).sum() < cfg.min_ranks:
         return None
     with np.errstate(invalid="ignore", divide="ignore"):
-        value = np.where(n >= cfg.min_samples, total / n, np.nan)
-        wait = np.where(acc.n_w > 0, acc.sum_w / acc.n_w, np.nan)
+        value = np.where(n >= cfg.min_samples, total / n / NS_PER_US, np.nan)
+        wait = np.where(acc.n_w > 0, acc.sum_w / acc.n_w / NS_PER_US, np.nan)
     z, med, mad = robust_z(value, cfg.mad_floor_frac)
     scored_wait = wait[np.isfinite(value) & np.isfinite(wait)]
     transfer = float(scored_wait.min()) if scored_wait.size else 0.0

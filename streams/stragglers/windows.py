@@ -11,6 +11,9 @@ import numpy as np
 
 
 SUMS = ("n_c", "sum_c", "n_w", "sum_w", "n_l", "sum_l")  # compute, wait inside the collective, arrival lateness
+# Sums are whole nanoseconds in float64: exact below 2**53 ns (104 days a rank a window), so they do not depend on the
+# order of the additions, and a window scores the same however its timings were cut into batches.
+NS_PER_US = 1e3
 
 
 @dataclass
@@ -136,9 +139,9 @@ class JobState:
             acc = self.windows.setdefault(win, Window.empty(n))
             rr, c, x = b.rank[sel], b.compute_us[sel], b.wait_us[sel]
             acc.n_c += np.bincount(rr[c > 0], minlength=n)
-            acc.sum_c += np.bincount(rr[c > 0], weights=c[c > 0], minlength=n)
+            acc.sum_c += np.bincount(rr[c > 0], weights=np.round(c[c > 0] * NS_PER_US), minlength=n)
             acc.n_w += np.bincount(rr[x > 0], minlength=n)
-            acc.sum_w += np.bincount(rr[x > 0], weights=x[x > 0], minlength=n)
+            acc.sum_w += np.bincount(rr[x > 0], weights=np.round(x[x > 0] * NS_PER_US), minlength=n)
             acc.records += int(sel.sum())
             acc.with_compute += int((c > 0).sum())
         for s in np.unique(b.seq[keep]).tolist():
@@ -175,7 +178,7 @@ class JobState:
                 continue
             acc = self.windows.setdefault(win, Window.empty(self.world_size))
             acc.n_l += present
-            acc.sum_l += np.where(present, (ts - t0) * 1e6, 0.0)
+            acc.sum_l += np.where(present, np.round((ts - t0) * 1e6 * NS_PER_US), 0.0)
             acc.add_seq(s, t0)
 
     def due(self, window_s: float, grace_s: float) -> list[int]:
@@ -188,7 +191,7 @@ class JobState:
     def to_json(self) -> dict:
         arrays = {k: _b64(getattr(self, k)) for k in ("host_of", "gpu_of", "last_ts", "hits", "seen", "flagged",
                                                        "since")}
-        return {"v": 1, "job": self.job, "world_size": self.world_size, "hosts": self.hosts, **arrays, "wm": self.wm,
+        return {"v": 2, "job": self.job, "world_size": self.world_size, "hosts": self.hosts, **arrays, "wm": self.wm,
                 "closed": self.closed, "folded_hi": self.folded_hi, "scored": self.scored,
                 "checkpoint_wm": self.checkpoint_wm, "p": self.partition,
                 "windows": {str(w): {**{k: _b64(_counts(getattr(a, k)) if k[0] == "n" else getattr(a, k))
@@ -202,7 +205,10 @@ class JobState:
         arrays = {k: _arr(raw[k], v) for k, v in (("host_of", np.int32), ("gpu_of", np.int16), ("last_ts", float),
                                                    ("hits", np.uint16), ("seen", np.uint16), ("flagged", bool),
                                                    ("since", float))}
-        windows = {int(w): Window(*(_arr(a[k], np.uint32 if k[0] == "n" else float).astype(float) for k in SUMS),
+        # v1 kept its sums in microseconds
+        scale = {k: NS_PER_US if k[0] == "s" and raw.get("v", 1) < 2 else 1.0 for k in SUMS}
+        windows = {int(w): Window(*(np.round(_arr(a[k], float) * scale[k]) if k[0] == "s" else
+                                    _arr(a[k], np.uint32).astype(float) for k in SUMS),
                                   a["records"], a["with_compute"],
                                   list(a["period"])) for w, a in raw["windows"].items()}
         return cls(raw["job"], raw["world_size"], list(raw["hosts"]), **arrays, wm=raw["wm"], closed=raw["closed"],

@@ -14,7 +14,7 @@ from agents.simulator.fleet import Job, build_fleet
 from agents.simulator.nccl import NcclModel
 from core.errors import DecodeError
 from schemas.topics import NCCL
-from streams.stragglers.windows import Batch, JobState, Window
+from streams.stragglers.windows import NS_PER_US, Batch, JobState, Window, _arr, _b64
 from streams.stragglers.scoring import Config, advance, persist, robust_z, score
 
 T0 = 1_700_000_000.0  # 20 s past a 30 s window boundary
@@ -231,10 +231,21 @@ def test_state_survives_a_json_round_trip_and_replays_change_nothing():
     assert restored.to_json() == state.to_json()
     # A restarted worker re-reads the records after its last commit: the duplicates are dropped, not recounted.
     after, _ = run_records(records[half - 600:], state=restored)
-    same = lambda s: (s.rank, s.window_start, s.flagged, s.windows_flagged, s.windows_seen, s.reasons)  # noqa: E731
-    assert [same(s) for s in before + after] == [same(s) for s in straight]
-    numbers = lambda s: [s.value, s.z, s.median, *s.evidence.values()]  # noqa: E731 - summation order differs
-    assert [numbers(s) for s in before + after] == [pytest.approx(numbers(s), rel=1e-12) for s in straight]
+    # Exactly: window sums are whole nanoseconds, the same whatever the order of the additions.
+    assert [s.model_dump() for s in before + after] == [s.model_dump() for s in straight]
+
+
+def test_a_checkpoint_of_the_version_that_summed_microseconds_loads_in_nanoseconds():
+    records = sim_records(32, 60, seed=8, rank=100, pct=15.0, onset=40.0)
+    _, state = run_records(records)
+    raw = orjson.loads(orjson.dumps(state.to_json()))
+    assert raw["v"] == 2 and raw["windows"]
+    old = JobState.from_json(raw).to_json()
+    for w in old["windows"].values():  # as version 1 wrote them: sums in microseconds
+        for k in ("sum_c", "sum_w", "sum_l"):
+            w[k] = _b64(_arr(w[k], float) / NS_PER_US)
+    old["v"] = 1
+    assert JobState.from_json(old).to_json() == raw
 
 
 def test_a_new_world_size_restarts_the_job_history():
