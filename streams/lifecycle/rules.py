@@ -61,7 +61,9 @@ class Node:
     state: str = HEALTHY
     since: float = 0.0
     initial: bool = True  # never moved: no dwell holds it
-    returned_at: float = 0.0  # last validated return; evidence older than this was dealt with
+    returned_at: float = 0.0  # last validated return; faults older than this were dealt with
+    repaired_at: float = 0.0  # last completed repair or replacement; gates that fired before it were dealt with
+    gates: dict[str, float] = field(default_factory=dict)  # the latest health row's gates, with their onsets
     score: float = 100.0
     score_ts: float = 0.0
     low_since: float | None = None
@@ -86,7 +88,11 @@ class Node:
 
     @classmethod
     def from_json(cls, raw: Mapping | None) -> Node:
-        return cls(**copy.deepcopy(dict(raw))) if raw else cls()  # never alias the table's value
+        if not raw:
+            return cls()
+        raw = copy.deepcopy(dict(raw))  # never alias the table's value
+        raw.setdefault("repaired_at", raw.get("returned_at", 0.0))  # a record from before repaired_at was kept
+        return cls(**raw)
 
 
 @dataclass
@@ -118,9 +124,16 @@ def _request(n: Node, host: str, action: str, ts: float, reason: str, cfg: Lifec
     n.request = {"action": action, "event_id": event_id, "ts": ts, "attempt": attempt, "requirements": req,
                  "due": ts + cfg.request_timeout_s.get(action, 3600.0)}
     out.requests.append(DrainEvent(event_id=event_id, host=host, action=action, ts=ts, reason=reason,
-                                   evidence=_evidence({**(n.cause or {}).get("evidence", {}), "attempt": attempt,
+                                   evidence=_evidence({**(n.cause or {}).get("evidence", {}), **_what(n.cause),
+                                                       "attempt": attempt,
                                                        **({"resend_of": resend_of} if resend_of else {})}),
                                    requirements=req))
+
+
+def _what(cause: dict | None) -> dict[str, str]:
+    """The repair a request belongs to (reset, reboot, inspect, replace) and how urgent (immediate, after_jobs): what a
+    bot acts on, so it never has to read it out of the reason text."""
+    return {k: cause[k] for k in ("repair", "mode") if cause and k in cause}
 
 
 def requirements(n: Node, cfg: LifecycleConfig) -> dict[str, float]:
@@ -194,10 +207,12 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
     else:
         n.high_since = None
     n.score, n.score_ts = score, ts
+    n.gates = {g: float(inputs.get(f"gate_since.{g}", ts)) for g in row["gates"]}
     if n.state not in SCHEDULABLE:
         return out
-    fresh = {g: inputs.get(f"gate_since.{g}", ts) for g in row["gates"]}
-    fresh = {g: t for g, t in fresh.items() if t > n.returned_at}
+    # A gate that fired after the last repair was not dealt with by it, even if the node was validated since (the row
+    # came after the validation result): it drains the node again. Older ones the repair dealt with.
+    fresh = {g: t for g, t in n.gates.items() if t >= n.repaired_at}
     dwelt = n.initial or ts - n.since >= cfg.min_dwell_s
     if fresh:
         kinds = [g.rsplit("/", 1)[-1] for g in fresh]
@@ -294,7 +309,9 @@ def _failed_validation(n: Node, host: str, ts: float, why: str, cfg: LifecycleCo
 
 
 def on_result(n: Node, host: str, r: Mapping, cfg: LifecycleConfig) -> Out:
-    """A remediation bot's answer to the request this node is waiting on (others are stale and ignored)."""
+    """A remediation bot's answer to the request this node is waiting on (others are stale and ignored). A validation
+    passes when it meets every requirement and the node's latest health row carries no gate that fired after the
+    repair: a diag that passes on a GPU still reporting a recovery action or a pending remap does not return it."""
     out, ts, ok = Out(), float(r["ts"]), bool(r["ok"])
     req = n.request
     if (req is None or n.state not in EXPECTS or r["action"] != req["action"]
@@ -304,6 +321,10 @@ def on_result(n: Node, host: str, r: Mapping, cfg: LifecycleConfig) -> Out:
               **{f"measured.{k}": v for k, v in (r.get("measurements") or {}).items()}}
     if n.state == VALIDATING:
         why = check(req["requirements"], r)
+        still = {g: t for g, t in n.gates.items() if t >= n.repaired_at}
+        if why is None and still:
+            why = (f"validation passed but the node's health still gates it: {', '.join(sorted(still))} (since "
+                   f"{min(still.values()):.0f}, after the {n.repaired_at:.0f} repair)")
         if why is not None:
             _failed_validation(n, host, ts, why, cfg, out)
             return out
@@ -333,6 +354,7 @@ def on_result(n: Node, host: str, r: Mapping, cfg: LifecycleConfig) -> Out:
             _go(n, host, REPAIRING, ts, f"repair requested: {repair}", detail, out)
             _request(n, host, "repair", ts, f"{repair}: {(n.cause or {}).get('reason', '')}", cfg, out)
     else:  # repair or replacement done
+        n.repaired_at = ts
         _go(n, host, VALIDATING, ts, f"{r['action']} completed", detail, out)
         _request(n, host, "validate", ts, f"validate after {r['action']}", cfg, out, requirements=requirements(n, cfg))
     return out

@@ -131,8 +131,8 @@ def test_a_hard_gate_drains_at_once_without_dwell_and_old_gates_do_not():
     assert f.path("h1") == ["drain_requested"] and f.states[0].since == T0 + 5
     assert f.requests[0].evidence["gates"] == "gpu2/ecc_dbe" and f.requests[0].evidence["repair"] == "reset"
     g = Fleet()
-    g.node("h1").returned_at = T0
-    g.health("h1", T0 + 10, 20.0, {"gpu2/row_remap_pending": T0 - 50})  # seen before the last validated return
+    g.node("h1").repaired_at, g.node("h1").returned_at = T0 - 40, T0
+    g.health("h1", T0 + 10, 20.0, {"gpu2/row_remap_pending": T0 - 50})  # fired before the last repair
     assert g.path("h1") == [] and g.requests == []
 
 
@@ -156,6 +156,7 @@ def test_fault_bins_drain_then_repair_validate_and_return(bin_, repair):
     f.result("h1", T0 + 60, "drain")
     assert f.path("h1")[1:] == ["drained", "repairing"] and f.actions("h1") == ["drain", "repair"]
     assert f.requests[-1].evidence["fault.line"] == "Xid" and repair in f.requests[-1].reason
+    assert (f.requests[-1].evidence["repair"], f.requests[-1].evidence["mode"]) == (repair, "immediate")
     f.result("h1", T0 + 600, "repair")
     validate = f.requests[-1]
     assert f.path("h1")[-1] == "validating" and validate.action == "validate"
@@ -283,3 +284,60 @@ def test_a_sensor_flapping_around_its_threshold_moves_at_most_once_per_dwell_win
     assert len(changes) == expect_changes
     assert all(b.since - a.since >= CFG.min_dwell_s for a, b in zip(changes, changes[1:]))
     assert sum(r.action == "drain" and "resend_of" not in r.evidence for r in f.requests) <= 1
+
+
+def drained_and_repaired(f: Fleet, host: str = "h1") -> None:
+    """h1 drained for a recovery action its GPU 3 reported, repaired at T0 + 600, now validating."""
+    f.health(host, T0, 100.0)
+    f.health(host, T0 + 5, 20.0, {"gpu3/recovery_action:gpu_reset": T0 + 5})
+    f.result(host, T0 + 60, "drain")
+    f.result(host, T0 + 600, "repair")
+    assert f.path(host)[-1] == "validating"
+
+
+def test_a_gate_still_present_after_the_repair_fails_validation_and_keeps_the_node_out():
+    """The repair did not clear it: the health stage, which restarts a gate's onset at a repair, still reports it on
+    the first sample after. A passing diag does not return a node whose own health row says gated."""
+    f = Fleet()
+    drained_and_repaired(f)
+    f.health("h1", T0 + 610, 20.0, {"gpu3/recovery_action:gpu_reset": T0 + 605})
+    f.result("h1", T0 + 900, "validate", dcgm_diag_level=4, nccl_busbw_gbs=410.0)
+    assert f.path("h1")[-1] == "repairing" and f.actions("h1")[-1] == "repair"
+    assert "health still gates it: gpu3/recovery_action:gpu_reset" in f.states[-1].reason
+    f.result("h1", T0 + 1200, "repair")
+    f.health("h1", T0 + 1210, 20.0, {"gpu3/recovery_action:gpu_reset": T0 + 1205})  # still there after this one
+    f.result("h1", T0 + 1500, "validate", dcgm_diag_level=4, nccl_busbw_gbs=410.0)  # second failure
+    assert f.path("h1")[-1] == "replace" and f.node("h1").state == "replace"
+    assert not any(s.schedulable for s in f.states if s.ts > T0)
+
+
+def test_a_gate_that_cleared_after_the_repair_lets_validation_pass():
+    f = Fleet()
+    drained_and_repaired(f)
+    f.health("h1", T0 + 610, 100.0)  # the first row after the repair: no gate
+    f.result("h1", T0 + 900, "validate", dcgm_diag_level=4, nccl_busbw_gbs=410.0)
+    assert f.path("h1")[-1] == "healthy" and f.actions("h1")[-1] == "undrain"
+
+
+def test_a_row_from_before_the_repair_does_not_fail_validation():
+    """Rows lag: the last row the node step has seen may still carry the gate the repair dealt with."""
+    f = Fleet()
+    drained_and_repaired(f)
+    f.result("h1", T0 + 900, "validate", dcgm_diag_level=4, nccl_busbw_gbs=410.0)
+    assert f.path("h1")[-1] == "healthy"
+
+
+def test_a_gate_from_after_the_repair_that_arrives_after_the_return_drains_again():
+    """The row that shows the gate still there came after the validation result: the node is out again at once."""
+    f = Fleet()
+    drained_and_repaired(f)
+    f.result("h1", T0 + 900, "validate", dcgm_diag_level=4, nccl_busbw_gbs=410.0)
+    assert f.path("h1")[-1] == "healthy"
+    f.health("h1", T0 + 905, 20.0, {"gpu3/recovery_action:gpu_reset": T0 + 605})
+    assert f.path("h1")[-1] == "drain_requested"
+    assert "gpu3/recovery_action:gpu_reset" in f.requests[-1].reason
+
+
+def test_a_node_record_from_before_repaired_at_was_kept_keeps_its_old_gates_dealt_with():
+    old = {k: v for k, v in Node(state="healthy", returned_at=T0).to_json().items() if k not in ("repaired_at", "gates")}
+    assert Node.from_json(old).repaired_at == T0
