@@ -33,9 +33,9 @@ class BotConfig(BaseModel):
 
 
 def _repair_kind(event: Mapping) -> str:
-    """The repair the lifecycle asked for: its reason starts with the kind ('reboot: fault xid:79 ...')."""
-    head = str(event.get("reason", "")).split(":", 1)[0].strip()
-    return head if head in REPAIR_KINDS else "inspect"
+    """The repair the lifecycle asked for: evidence.repair (docs/remediation.md)."""
+    kind = (event.get("evidence") or {}).get("repair")
+    return kind if kind in REPAIR_KINDS else "inspect"
 
 
 class SimulatedBot:

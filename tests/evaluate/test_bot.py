@@ -5,14 +5,15 @@ from __future__ import annotations
 from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
 
 
-def event(action, ts, reason="", requirements=None, event_id="h1:1:x:1"):
+def event(action, ts, reason="", requirements=None, event_id="h1:1:x:1", **evidence):
     return {"event_id": event_id, "host": "h1", "action": action, "ts": ts, "reason": reason,
-            "requirements": requirements or {}}
+            "requirements": requirements or {}, "evidence": evidence}
 
 
 def test_answers_wait_for_simulated_time_and_come_out_oldest_first():
     bot = SimulatedBot(BotConfig(drain_s=60, repair_s={"reboot": 600, "reset": 120, "inspect": 1800}))
-    bot.receive(event("repair", 1000.0, reason="reboot: fault xid:79 -> reboot (catalog)", event_id="h1:1:repair:2"))
+    bot.receive(event("repair", 1000.0, reason="reboot: fault xid:79 -> reboot (catalog)", event_id="h1:1:repair:2",
+                      repair="reboot"))
     bot.receive(event("drain", 1000.0, event_id="h1:1:drain:1"))
     assert bot.due(1059.0) == []
     first = bot.due(1060.0)
@@ -24,7 +25,7 @@ def test_answers_wait_for_simulated_time_and_come_out_oldest_first():
 
 def test_unknown_repair_kind_takes_the_inspection_time():
     bot = SimulatedBot(BotConfig(repair_s={"inspect": 1800}))
-    assert bot.delay(event("repair", 0.0, reason="something odd")) == 1800
+    assert bot.delay(event("repair", 0.0, reason="reset: something odd", repair="polish")) == 1800
 
 
 def test_validation_reports_measurements_that_meet_the_requirements():
