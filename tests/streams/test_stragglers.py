@@ -116,16 +116,15 @@ def test_10_and_20_percent_ranks_of_1024_flagged_within_two_minutes_and_nobody_e
     assert state.flagged.sum() == 1
 
 
-def test_five_percent_sits_on_the_minimum_slowdown_and_never_flags_another_rank():
-    """5% is the min_slowdown_pct: the rank's window means straddle it (report in the test output)."""
-    latencies = []
+def test_a_five_percent_rank_is_flagged_within_three_minutes_and_a_three_percent_one_never():
+    """min_slowdown_pct (4%) sits under 5% by a window's scatter: a 5% rank is found, one under the floor is not."""
     for seed in range(6):
         scores, _ = run_batches(synth(1024, 330, seed=seed, slow={517: (5.0, 45.0, math.inf)}))
-        assert {s.rank for s in scores} <= {517}
-        latencies.append(first_flag(scores, 517, 45.0))
-        assert all(4.0 < s.slowdown_pct < 6.5 for s in scores if s.flagged)
-    print(f"\n5% slower rank: flag latency per seed (s, None = not within 285 s): {latencies}")
-    assert any(lat is not None for lat in latencies)
+        assert {s.rank for s in scores} == {517}
+        assert first_flag(scores, 517, 45.0) <= 180.0
+        assert all(3.0 < s.slowdown_pct < 7.0 for s in scores if s.flagged)  # its 5% give or take a window's scatter
+        scores, _ = run_batches(synth(1024, 330, seed=seed, slow={517: (3.0, 45.0, math.inf)}))
+        assert scores == []
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
