@@ -103,6 +103,20 @@ class GpuState:
         self.present = np.ones(n, dtype=bool)
         self.host_up = np.ones(fleet.n_hosts, dtype=bool)
 
+    def repaired(self, host: int, replaced: bool = False) -> None:
+        """What a completed repair clears on a host's GPUs: a GPU reset or reboot activates a pending row remap, ends
+        the recovery action NVML asked for and restarts the counters kept since driver load; a replaced card also
+        comes without the old one's remap failure and lifetime error counts."""
+        g = slice(host * GPUS_PER_HOST, (host + 1) * GPUS_PER_HOST)
+        self.recovery_action[g] = 0
+        self.row_remap_pending[g] = False
+        self.ecc_dbe_volatile[g] = 0
+        self.last_xid[g] = -1
+        if replaced:
+            self.row_remap_failure[g] = False
+            self.remapped_uncorrectable[g] = 0
+            self.ecc_dbe_aggregate[g] = 0
+
     def job_running(self, present: np.ndarray) -> np.ndarray:
         """Per GPU: its job is running (a job with a lost GPU has crashed, so all its GPUs go idle)."""
         gpu_job = self.fleet.gpu_job

@@ -105,6 +105,10 @@ class FleetSimulator:
         self.index += 1
         return tick
 
+    def repaired(self, host: str, action: str) -> None:
+        """A remediation bot finished a repair (or replacement) of `host`: its GPUs show it from the next tick on."""
+        self.state.repaired(self.fleet.hosts.index(host), replaced=action == "replace")
+
 
 def build_tick(hosts: int, *, seed: int = 0, ts: float = 1_700_000_000.0, **kwargs) -> Tick:
     """The first tick of a fresh fleet, without Kafka (unit tests, benchmarks)."""

@@ -31,6 +31,14 @@ class BotConfig(BaseModel):
     undrain_s: float = Field(default=5.0, ge=0)
     busbw_gbs: float = Field(default=45.0, gt=0, description="all-reduce bus bandwidth a repaired node measures")
 
+    def fix_s(self, repair: str) -> float:
+        """How long the repair (or replacement) itself takes."""
+        return self.replace_s if repair == "replace" else self.repair_s.get(repair, self.repair_s.get("inspect", 1800.0))
+
+    def out_s(self, repair: str) -> float:
+        """How long a node drained for `repair` is out when everything passes: drain, repair, validation, undrain."""
+        return self.drain_s + self.fix_s(repair) + self.validate_s + self.undrain_s
+
 
 def _repair_kind(event: Mapping) -> str:
     """The repair the lifecycle asked for: evidence.repair (docs/remediation.md)."""
@@ -49,9 +57,9 @@ class SimulatedBot:
 
     def delay(self, event: Mapping) -> float:
         c, action = self.config, event["action"]
-        if action == "repair":
-            return c.repair_s.get(_repair_kind(event), c.repair_s.get("inspect", 1800.0))
-        return {"drain": c.drain_s, "validate": c.validate_s, "replace": c.replace_s}.get(action, c.undrain_s)
+        if action in ("repair", "replace"):
+            return c.fix_s("replace" if action == "replace" else _repair_kind(event))
+        return {"drain": c.drain_s, "validate": c.validate_s}.get(action, c.undrain_s)
 
     def receive(self, event: Mapping) -> None:
         """Queue the answer to one DrainEvent (as decoded from fleet.drain.events)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fleetpulse.evaluate import score
+from fleetpulse.evaluate.bot import REPAIR_KINDS
 from sinks import store
 from sinks.settings import SinkSettings
 
@@ -70,7 +71,8 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
     lifecycle = LifecycleConfig.model_validate_json(p.streams_env.get("FLEETPULSE_LIFECYCLE", "{}"))
     brk = BreakerConfig.model_validate_json(p.streams_env.get("FLEETPULSE_BREAKER", "{}"))
     run = score.Run(start_ts=sim["start_ts"], end_ts=sim["end_ts"], hosts=p.hosts, gpus=sim["fleet_gpus"],
-                    dwell_s=lifecycle.min_dwell_s, breaker_cap=cap(p.hosts, brk), breaker_window_s=brk.window_s)
+                    dwell_s=lifecycle.min_dwell_s, breaker_cap=cap(p.hosts, brk), breaker_window_s=brk.window_s,
+                    out_s={kind: p.bot.out_s(kind) for kind in REPAIR_KINDS})
     truth = got["truth"]
     sigs = score.signals(got["faults"], got["alerts"], got["stragglers"], got["drains"])
     outcomes = score.match(truth, sigs, run)

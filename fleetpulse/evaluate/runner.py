@@ -187,6 +187,8 @@ class Evaluation:
                 await pub.send_many(NCCL, tick.nccl)
                 for result in self.bot.due(tick.ts):
                     await pub.send(REMEDIATION, result)
+                    if result.ok and result.action in ("repair", "replace"):
+                        sim.repaired(result.host, result.action)
                 await pub.flush()
                 stats["ticks"] += 1
                 stats["truth"] += tick.truth

@@ -18,6 +18,7 @@ Rows are dicts with the table's columns; times are epoch seconds (floats), `kafk
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,9 @@ class Run:
     dwell_s: float = 600.0
     breaker_cap: int | None = None
     breaker_window_s: float = 900.0
+    # Per repair bin, how long the run's remediation bot keeps a drained node out (drain, repair, validation, undrain):
+    # the truth of usable compute keeps a host out that long after its fault, however soon the fault itself ends.
+    out_s: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -298,10 +302,22 @@ def stragglers(outcomes: Sequence[Outcome], sigs: Sequence[Signal]) -> dict:
             "other_ranks_flagged": len(others), "other_ranks": others[:20]}
 
 
+def _back_at(t: Mapping, run: Run) -> float:
+    """When a host a fault took out is back in the truth: the fault's end or its repair cycle's, whichever is later
+    (no end and no cycle: never)."""
+    repair = next((tok.split(":", 1)[1] for tok in t["expected"] if tok.startswith("bin:")), "inspect")
+    ends = [float(t["end_ts"])] if t.get("end_ts") else []
+    if repair in run.out_s:
+        ends.append(float(t["ts"]) + run.out_s[repair])
+    return max(ends) if ends else math.inf
+
+
 def usable_compute(minutes: Sequence[Mapping], truth: Sequence[Mapping], run: Run) -> dict:
-    """Measured usable compute per minute against truth: the share of GPUs not on a host with an active
-    hardware fault that should take it out (a `drain` token), per minute of the run in which every node had
-    reported (earlier minutes cover part of the fleet and are only counted)."""
+    """Measured usable compute per minute against truth: the share of GPUs not on a host that a hardware fault
+    should take out (a `drain` token), from the fault until the later of its end and its repair cycle (Run.out_s of
+    its bin: a drained node stays out while it is repaired and validated), per minute of the run in which every node
+    had reported (earlier minutes cover part of the fleet and are only counted). Both as at the minute's end: the
+    lifecycle reports a minute once it is over, with every node's state then."""
     if not minutes:
         return {"minutes": 0}
     measured, expected, partial = [], [], 0
@@ -313,7 +329,7 @@ def usable_compute(minutes: Sequence[Mapping], truth: Sequence[Mapping], run: Ru
             partial += 1  # the lifecycle has not heard from every node yet: not the fleet's figure
             continue
         out_hosts = {t["host"] for t in truth if "drain" in t["expected"] and t["hardware"]
-                     and float(t["ts"]) <= t0 + 60 and (not t.get("end_ts") or float(t["end_ts"]) > t0)}
+                     and float(t["ts"]) <= t0 + 60 < _back_at(t, run)}
         measured.append(float(m["usable_compute"]))
         expected.append(1.0 - len(out_hosts) / max(run.hosts, 1))
     if not measured:

@@ -170,3 +170,20 @@ def test_every_shipped_scenario_runs_alone_from_its_own_fleet_and_run_blocks():
         assert len(ticks[0].samples) == plan.hosts, name
         assert not sim.scenario.generate  # drawn into faults
     assert load_scenario("baseline").faults == []
+
+
+def test_a_completed_repair_clears_what_a_reset_clears_and_a_replacement_the_rest():
+    """The evaluation's bot tells the simulator a repair is done: the next samples show the GPU recovered, as after a
+    real reset, so a health gate that stays after a repair means the repair did not work."""
+    sim = FleetSimulator(2, seed=1, start_ts=1_700_000_000.0, nccl_interval=0)
+    s = sim.state
+    s.recovery_action[9], s.row_remap_pending[9], s.row_remap_failure[9], s.ecc_dbe_volatile[9] = 2, True, True, 3
+    s.ecc_dbe_aggregate[9], s.recovery_action[1] = 5, 1
+    sim.repaired(sim.fleet.hosts[1], "repair")
+    gpu = sim.step().samples[1]["gpus"][1]
+    assert (gpu["recovery_action"], gpu["row_remap_pending"], gpu["ecc_dbe_volatile"]) == (0, False, 0)
+    assert (gpu["row_remap_failure"], gpu["ecc_dbe_aggregate"]) == (True, 5)  # the same card: its history stays
+    assert sim.state.recovery_action[1] == 1  # another host's GPU: untouched
+    sim.repaired(sim.fleet.hosts[1], "replace")
+    gpu = sim.step().samples[1]["gpus"][1]
+    assert (gpu["row_remap_failure"], gpu["ecc_dbe_aggregate"]) == (False, 0)

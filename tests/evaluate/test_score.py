@@ -120,8 +120,9 @@ def test_usable_compute_against_truth_counts_hosts_with_an_active_drain_worthy_h
     minutes[0]["nodes"] = 4  # not every node reported yet: counted, not scored
     got = score.usable_compute(minutes, t, RUN)
     assert (got["minutes"], got["minutes_partial"]) == (9, 1)
-    assert got["truth_mean"] == pytest.approx((4 * 0.9 + 5 * 1.0) / 9, abs=1e-4)  # minutes 60-240 lack h1
-    assert got["mean_abs_error"] == pytest.approx(5 * 0.1 / 9, abs=1e-4)
+    # as at each minute's end: h1 is out at the ends of minutes 60-180, back at 300, the end of minute 240
+    assert got["truth_mean"] == pytest.approx((3 * 0.9 + 6 * 1.0) / 9, abs=1e-4)
+    assert got["mean_abs_error"] == pytest.approx(6 * 0.1 / 9, abs=1e-4)
 
 
 def test_quantiles_of_nothing_are_none():
@@ -132,3 +133,14 @@ def test_alert_counts_by_status_and_name():
     rows = [{"alertname": "A", "status": "firing"}, {"alertname": "A", "status": "resolved"},
             {"alertname": "B", "status": "firing"}, {"alertname": "A", "status": "firing"}]
     assert score.alert_counts(rows) == {"firing": {"A": 2, "B": 1}, "resolved": {"A": 1}}
+
+
+def test_usable_compute_truth_keeps_a_drained_host_out_for_its_repair_cycle():
+    """A reboot-bin fault that ends after 100 s still takes its host out for the bot's drain, reboot and validation;
+    one that outlasts its cycle keeps it out to its end."""
+    run = score.Run(start_ts=T0, end_ts=T0 + 600, hosts=10, gpus=80, out_s={"reboot": 250.0})
+    minutes = [{"minute_ts": T0 + 60 * m, "nodes": 10, "usable_compute": 1.0, "breakdown": {}} for m in range(10)]
+    short = [truth("a", "gpu_lost", "h1", 0, gpu=0, end=100, expected=["bin:reboot", "drain"])]
+    assert score.usable_compute(minutes, short, run)["truth_mean"] == pytest.approx((4 * 0.9 + 6 * 1.0) / 10)
+    long = [truth("a", "gpu_lost", "h1", 0, gpu=0, end=400, expected=["bin:reboot", "drain"])]
+    assert score.usable_compute(minutes, long, run)["truth_mean"] == pytest.approx((6 * 0.9 + 4 * 1.0) / 10)
