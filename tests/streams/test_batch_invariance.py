@@ -93,7 +93,7 @@ def test_every_step_publishes_the_same_records_in_the_worker_s_batches():
 # changelog writes, by design); the gates they carry may not.
 DECISIONS = {"fleet.faults": ("fault_id",), "fleet.alerts": ("fingerprint", "status", "starts_at"),
              "fleet.drain.events": ("event_id", "action"), "fleet.node.state": ("host", "state", "since"),
-             "fleet.stragglers": ("job", "rank", "window_start", "flagged"), "fleet.usable_compute": ("ts",),
+             "fleet.stragglers": ("job", "rank", "window_start", "flagged"), "fleet.usable_compute": ("minute_ts",),
              "stragglers-by_host": ("job", "rank", "window_start", "flagged"),
              "fleet.health.scores": ("host", "gpu_index", "gates")}
 
@@ -115,7 +115,7 @@ def test_a_restart_at_any_record_loses_no_decision_and_makes_none_up(name, crash
     again from its last commit, up to `lag` records back (their durable state already written)."""
     order, made = one_by_one()
     step = fresh(name)
-    mine = [step.record(d.topic, d.key, d.value, d.offset) for d in order if step.reads(d.topic)]
+    mine = step.records(order)
     died = int(crash * len(mine))
     out = []
     for first in range(0, died, size):
