@@ -24,7 +24,7 @@ from streams.emit import Emitter, send_dead_letter
 from streams.metrics import MetricsRegistry, StageMetrics
 from streams.runtime.delivery import acknowledge
 from streams.runtime.inbox import Inbox
-from streams.runtime.spec import Emit, Record, StageSpec, Step, Target
+from streams.runtime.spec import Emit, Input, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
 
 log = logging.getLogger("fleetpulse.streams.runtime")
@@ -56,7 +56,13 @@ class Source:
     readers: list[tuple[Wired, str]] = field(default_factory=list)
 
 
-def _internal_decoder(check: Callable[[Any], Any] | None) -> Callable[[bytes | None, bytes | None], Any]:
+def input_decoder(i: Input) -> Callable[[bytes | None, bytes | None], Any]:
+    """(key, value) -> the checked value, as a step reading input `i` gets it: a registry topic's validator, or an
+    internal topic's JSON and the input's own check."""
+    if isinstance(i.topic, Topic):
+        return i.topic.decode_keyed
+    check = i.check
+
     def decode(key: bytes | None, raw: bytes | None) -> Any:
         value = json_decode(raw)
         return check(value) if check is not None else value
@@ -83,8 +89,7 @@ class Lane:
                 if src is None:
                     registry = isinstance(i.topic, Topic)
                     src = self.sources[full] = Source(
-                        full, i.topic.decode_keyed if registry else _internal_decoder(i.check), registry,
-                        (i.topic if registry else i.topic.dead_letters).dlq(prefix))
+                        full, input_decoder(i), registry, (i.topic if registry else i.topic.dead_letters).dlq(prefix))
                 src.readers.append((w, i.kind))
         # A topic several lanes read (faults, remediation results) is decoded once per lane; only the first lane
         # that reads it counts and logs its refusals, so a bad record is counted once per worker.

@@ -16,17 +16,9 @@ from typing import Any
 
 import orjson
 
-from schemas.topics import Topic
+from streams.runtime.lane import input_decoder
 from streams.runtime.spec import Emit, Record, StageSpec, Step, Target
 from streams.runtime.state import _DELETED, StepState
-
-
-def decode(topic: Target, check, key: bytes | None, value: bytes) -> Any:
-    """An output's bytes as a reader of its topic gets them: the topic's validator, or an internal topic's check."""
-    if isinstance(topic, Topic):
-        return topic.decode_keyed(key, value)
-    loaded = orjson.loads(value)
-    return check(loaded) if check is not None else loaded
 
 
 def partition_of(topic: Target, key: str | None) -> int:
@@ -56,6 +48,10 @@ class OfflineStep:
 
     def reads(self, topic: Target) -> bool:
         return any(i.topic == topic for i in self.step.inputs)
+
+    def records(self, order: Sequence[Delivery]) -> list[Record]:
+        """The records of `order` this step reads, in that order."""
+        return [self.record(d.topic, d.key, d.value, d.offset) for d in order if self.reads(d.topic)]
 
     def record(self, topic: Target, key: str | None, value: Any, offset: int) -> Record:
         kind = next(i.kind for i in self.step.inputs if i.topic == topic)
@@ -116,7 +112,7 @@ def delivery_order(steps: Sequence[OfflineStep], inputs: Iterable[tuple[Target, 
     order: list[Delivery] = []
     made: dict[str, list[Emit]] = {s.name: [] for s in steps}
     offsets: dict[str, int] = {}
-    checks = {i.topic: i.check for s in steps for i in s.step.inputs}
+    decoders = {i.topic: input_decoder(i) for s in steps for i in s.step.inputs}
     for topic, key, value in inputs:
         pending = deque([(topic, key, value, None)])
         while pending:
@@ -128,16 +124,16 @@ def delivery_order(steps: Sequence[OfflineStep], inputs: Iterable[tuple[Target, 
                     continue
                 for e in s.run([s.record(topic, key, value, offset)]):
                     made[s.name].append(e)
-                    if e.to in checks:
+                    if e.to in decoders:
                         k = e.key.decode(errors="replace") if e.key is not None else None
-                        pending.append((e.to, k, decode(e.to, checks[e.to], e.key, e.value), s.name))
+                        pending.append((e.to, k, decoders[e.to](e.key, e.value), s.name))
     return order, made
 
 
 def replay(step: OfflineStep, order: Sequence[Delivery], batches: Iterable[int]) -> list[Emit]:
     """`step` over the records of `order` it reads, in batches of the given sizes (the last size repeats); what it
     emits. Records it produced itself are in `order` already, so its own outputs are not fed back."""
-    mine = [step.record(d.topic, d.key, d.value, d.offset) for d in order if step.reads(d.topic)]
+    mine = step.records(order)
     out: list[Emit] = []
     sizes, size, first = iter(batches), 1, 0
     while first < len(mine):
