@@ -186,6 +186,12 @@ def _tick(n: Node, host: str, ts: float, cfg: LifecycleConfig, out: Out) -> None
                  attempt=r["attempt"] + 1, requirements=r["requirements"], resend_of=r["event_id"])
 
 
+def _since_repair(n: Node) -> dict[str, float]:
+    """The gates of the node's latest health row that fired after its last repair: not dealt with by it. Older ones
+    were (health restarts a gate's onset at a repair, so one that is still there shows a newer onset)."""
+    return {g: t for g, t in n.gates.items() if t >= n.repaired_at}
+
+
 def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
     """A node health score: hard gates newer than the last return propose a drain; the score drives hysteresis."""
     out, ts, score = Out(), float(row["ts"]), float(row["score"])
@@ -210,9 +216,7 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
     n.gates = {g: float(inputs.get(f"gate_since.{g}", ts)) for g in row["gates"]}
     if n.state not in SCHEDULABLE:
         return out
-    # A gate that fired after the last repair was not dealt with by it, even if the node was validated since (the row
-    # came after the validation result): it drains the node again. Older ones the repair dealt with.
-    fresh = {g: t for g, t in n.gates.items() if t >= n.repaired_at}
+    fresh = _since_repair(n)  # drains the node again even if it was validated since (the row came after the result)
     dwelt = n.initial or ts - n.since >= cfg.min_dwell_s
     if fresh:
         kinds = [g.rsplit("/", 1)[-1] for g in fresh]
@@ -321,7 +325,7 @@ def on_result(n: Node, host: str, r: Mapping, cfg: LifecycleConfig) -> Out:
               **{f"measured.{k}": v for k, v in (r.get("measurements") or {}).items()}}
     if n.state == VALIDATING:
         why = check(req["requirements"], r)
-        still = {g: t for g, t in n.gates.items() if t >= n.repaired_at}
+        still = _since_repair(n)
         if why is None and still:
             why = (f"validation passed but the node's health still gates it: {', '.join(sorted(still))} (since "
                    f"{min(still.values()):.0f}, after the {n.repaired_at:.0f} repair)")
