@@ -342,13 +342,17 @@ def _answers(bootstrap: str) -> bool:
 
 
 def _ready(nodes: list[LocalKafka], bootstrap: str, timeout: float) -> str:
-    """Wait until `bootstrap` passes a produce/consume round trip; fail early, with its log, if a node exits."""
+    """Wait until every node listens and `bootstrap` passes a produce/consume round trip; fail early, with its log,
+    if a node exits."""
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
         for node in nodes:
             if node._running_pid() is None:
                 raise BrokerError(f"Kafka exited during start-up; {node.log_file}:\n{_tail(node.log_file)}")
-        if not any(_listening(node.port) for node in nodes):  # wait quietly: no client logging connection refusals
+        # Every node listening before the round trip: a cluster answers through any one node, so a node that failed
+        # to bind its port (and is about to exit) would otherwise pass for a ready cluster. Quietly meanwhile: no
+        # client logging connection refusals.
+        if not all(_listening(node.port) for node in nodes):
             time.sleep(0.2)
             continue
         try:

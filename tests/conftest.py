@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import uuid
@@ -26,10 +27,32 @@ def _docker_available() -> bool:
         return False
 
 
-def _free_port() -> int:
+def free_ports(count: int = 1) -> int:
+    """A base port with `count` consecutive ports free on loopback, below the kernel's ephemeral range. A port inside
+    that range (as binding port 0 gives) can become the source port of some outgoing connection before the broker
+    binds it: one node of the test cluster failed so ("Address already in use") and the cluster ran on two."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        base = random.randrange(10_000, low - count)
+        if all(_bindable(base + k) for k in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    return free_ports(1)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ after the disruption still becomes one fault."""
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 
 import orjson
@@ -19,24 +18,16 @@ from fleetpulse.broker import LocalKafka, LocalKafkaCluster, _listening
 from schemas.provision import ensure_topics
 from schemas.topics import SAMPLES, XID
 from sinks import store
+from tests.conftest import free_ports
 from tests.pipeline import worker_and_sink
 from tests.streams.test_worker_integration import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def free_block(ports: int) -> int:
-    """A base port with `ports` consecutive ports free on loopback."""
-    for _ in range(50):
-        base = random.randrange(30_000, 60_000, 2)
-        if not any(_listening(base + k) for k in range(ports)):
-            return base
-    raise RuntimeError(f"no {ports} consecutive free ports found")
-
-
 @pytest.fixture
 def cluster(tmp_path):
-    kafka = LocalKafkaCluster(tmp_path / "cluster", nodes=3, port=free_block(6))
+    kafka = LocalKafkaCluster(tmp_path / "cluster", nodes=3, port=free_ports(6))
     try:
         kafka.start(timeout=240)
         yield kafka
@@ -115,7 +106,7 @@ async def test_a_broker_killed_mid_run_loses_and_doubles_nothing(cluster, cluste
 
 async def test_the_only_broker_stopped_and_restarted_mid_run_loses_and_doubles_nothing(settings_env, tmp_path,
                                                                                       monkeypatch):
-    base = free_block(2)
+    base = free_ports(2)
     broker = LocalKafka(tmp_path / "single", port=base, controller_port=base + 1)  # its own: the session's stays up
     monkeypatch.setenv("FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS", await asyncio.to_thread(broker.start))
 
