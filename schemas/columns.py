@@ -15,25 +15,62 @@ from pydantic.fields import FieldInfo
 from core.errors import DecodeError
 
 CH_KEY = "x-clickhouse-type"
+CODEC_KEY = "x-clickhouse-codec"
+SCALE_KEY = "x-clickhouse-scale"
+STORED_KEY = "x-clickhouse-stored-as"
 
 
-def ch(type_: str) -> dict:
-    """Field metadata that pins the ClickHouse type (used where the default mapping is not the best one)."""
-    return {CH_KEY: type_}
+def ch(type_: str, codec: str | None = None, *, scale: int = 1, stored_as: str | None = None) -> dict:
+    """Field metadata that pins the ClickHouse type (used where the default mapping is not the best one), and
+    optionally its codec. A number field pinned to an integer type is stored at its source's resolution: whole units
+    with scale 1 (NVML's integer °C, %, MHz), or `round(value * scale)` in a column named `stored_as` (NVML's
+    milliwatts), beside which an ALIAS column under the field's own name gives the value back in the field's unit."""
+    meta = {CH_KEY: type_}
+    if codec:
+        meta[CODEC_KEY] = codec
+    if scale != 1:
+        if not stored_as:
+            raise ValueError("a scaled column needs the name it is stored under")
+        meta[SCALE_KEY], meta[STORED_KEY] = scale, stored_as
+    return meta
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A column computed when read, never inserted, under the name the record's field has: what analysts query where
+    the stored column holds the value in another form (`read` gives it back; `stored_from` computes the stored form
+    from a table that kept the field itself, for `fleetpulse migrate`)."""
+
+    name: str
+    type: str
+    read: str
+    stored_from: str
+
+    def ddl(self) -> str:
+        return f"`{self.name}` {self.type} ALIAS {self.read}"
 
 
 @dataclass(frozen=True)
 class Column:
-    """One ClickHouse column and how a decoded JSON value becomes its insert value."""
+    """One ClickHouse column and how a decoded JSON value becomes its insert value. A scaled column (`scale` > 1)
+    stores round(value * scale) as an integer, with an `alias` under the field's own name that reads it back in the
+    field's unit (the same float the record carried, at the stored resolution)."""
 
     name: str
     type: str
     codec: str | None
     convert: Callable[[Any], Any]
+    scale: int = 1
+    alias: Alias | None = None
 
     def ddl(self) -> str:
         codec = f" CODEC({self.codec})" if self.codec else ""
         return f"`{self.name}` {self.type}{codec}"
+
+    @property
+    def read_as(self) -> str:
+        """The name a query reads this column's value by."""
+        return self.alias.name if self.alias else self.name
 
 
 def _fail(expected: str, value: Any) -> typing.NoReturn:
@@ -68,6 +105,21 @@ def _epoch_ms(v):
     if (type(v) is float or type(v) is int) and v > 0:
         return int(round(v * 1000))
     _fail("epoch seconds", v)
+
+
+def _scaled(scale: int) -> Callable[[Any], int]:
+    """A number stored as an integer count of 1/scale units; the validators bound it to the column's range."""
+    def whole(v):
+        if type(v) is float or type(v) is int:
+            return round(v)
+        _fail("number", v)
+
+    def scaled(v):
+        if type(v) is float or type(v) is int:
+            return round(v * scale)
+        _fail("number", v)
+
+    return whole if scale == 1 else scaled
 
 
 def _str_list(v):
@@ -107,12 +159,14 @@ def _empty_if_none(inner: Callable[[Any], Any], empty: Any) -> Callable[[Any], A
 
 
 _CONVERT_BY_TYPE: dict[str, Callable[[Any], Any]] = {
-    "Int64": _int, "UInt64": _int, "UInt32": _int, "UInt16": _int, "UInt8": _int, "Int32": _int,
+    "Int64": _int, "UInt64": _int, "UInt32": _int, "UInt16": _int, "UInt8": _int, "Int32": _int, "Int16": _int,
     "Float64": _float, "Float32": _float,
     "String": _str, "Bool": _bool,
     "DateTime64(3, 'UTC')": _epoch_ms,
-    "Array(String)": _str_list, "Map(String, String)": _str_map, "Map(String, Float64)": _float_map,
+    "Array(String)": _str_list, "Array(LowCardinality(String))": _str_list,
+    "Map(String, String)": _str_map, "Map(String, Float64)": _float_map,
 }
+INTEGER_TYPES = frozenset({"Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64"})
 _CODEC_BY_TYPE = {"Float64": "Gorilla, ZSTD(1)", "DateTime64(3, 'UTC')": "Delta, ZSTD(1)"}
 
 
@@ -158,15 +212,20 @@ def column_for(name: str, info: FieldInfo) -> Column:
     for wrapper in ("LowCardinality(", "Nullable("):
         if inner.startswith(wrapper):
             inner = inner[len(wrapper):-1]
-    convert = _CONVERT_BY_TYPE[inner]
+    codec = extra.get(CODEC_KEY) or _CODEC_BY_TYPE.get(inner)
+    scale, stored = extra.get(SCALE_KEY, 1), extra.get(STORED_KEY)
+    if annotation is float and inner in INTEGER_TYPES:
+        convert = _scaled(scale)  # the source's resolution: NVML's whole degrees, percent, MHz or milliwatts
+    else:
+        convert = _CONVERT_BY_TYPE[inner]
     if base.startswith(("Array(", "Map(")):
-        return Column(name, base, None, _empty_if_none(convert, [] if base.startswith("Array(") else {}))
+        return Column(name, base, codec, _empty_if_none(convert, [] if base.startswith("Array(") else {}))
     if optional:
         if "Nullable(" not in base:
             base = f"LowCardinality(Nullable({inner}))" if base.startswith("LowCardinality(") else f"Nullable({base})"
         convert = _nullable(convert)
-    return Column(name, base, _CODEC_BY_TYPE.get(inner), convert)
-
-
-def columns_of(model: type[BaseModel], exclude: frozenset[str] = frozenset()) -> list[Column]:
-    return [column_for(name, info) for name, info in model.model_fields.items() if name not in exclude]
+    if scale != 1:
+        unit = Alias(name, "Nullable(Float64)" if optional else "Float64", f"`{stored}` / {scale}",
+                     f"round(`{name}` * {scale})")
+        return Column(stored, base, codec, convert, scale, alias=unit)
+    return Column(name, base, codec, convert)

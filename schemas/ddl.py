@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from schemas.tables import INGESTED_AT, TABLES, Table
+import re
+
+from schemas.tables import TABLES, Table, ingested_ddl
 
 WATERMARKS = "sink_watermarks"
 RESETS = "sink_topic_resets"
@@ -12,7 +14,8 @@ TABLE_SETTINGS = "non_replicated_deduplication_window = 10000, index_granularity
 
 def create_table(table: Table, database: str = "default", on_cluster: str | None = None) -> str:
     cluster = f" ON CLUSTER {on_cluster}" if on_cluster else ""
-    cols = ",\n    ".join([c.ddl() for c in table.columns] + [INGESTED_AT])
+    cols = [c.ddl() for c in table.columns] + [ingested_ddl(table.ingested_at)] + [c.alias.ddl() for c in table.aliases]
+    cols = ",\n    ".join(cols)
     tc = table.time_column
     return (
         f"CREATE TABLE IF NOT EXISTS {database}.{table.name}{cluster}\n(\n    {cols}\n)\n"
@@ -61,9 +64,11 @@ def statements(database: str = "default", topic_prefix: str = "") -> list[str]:
 def expected_columns(table: Table) -> list[tuple[str, str, str]]:
     """(name, type, codec) as system.columns reports them."""
     cols = [(c.name, c.type, f"CODEC({c.codec})" if c.codec else "") for c in table.columns]
-    return cols + [("ingested_at", "DateTime64(3, 'UTC')", "CODEC(Delta(8), ZSTD(1))")]
+    cols.append((table.ingested_at.name, table.ingested_at.type, f"CODEC({table.ingested_at.codec})"))
+    return cols + [(c.alias.name, c.alias.type, "") for c in table.aliases]
 
 
 def normalise_codec(codec: str) -> str:
-    """system.columns spells Delta as Delta(8) and Gorilla as Gorilla(8); compare without widths."""
-    return codec.replace("Delta(8)", "Delta").replace("Gorilla(8)", "Gorilla")
+    """system.columns spells Delta as Delta(8), DoubleDelta as DoubleDelta(2) and Gorilla as Gorilla(8), the
+    width of the column's type; compare without widths."""
+    return re.sub(r"\b(Delta|DoubleDelta|Gorilla)\(\d\)", r"\1", codec)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel
 
 from core.errors import DecodeError
 from schemas import topics as t
-from schemas.columns import Column, columns_of
+from schemas.columns import Alias, Column, column_for
 from schemas.events import NcclTiming
 from schemas.telemetry import GpuReading, HostSample
 
@@ -19,7 +20,22 @@ PROVENANCE = (
     # The record's Kafka timestamp (producer create time, ms): end-to-end latencies are measured from it.
     Column("kafka_ts", "DateTime64(3, 'UTC')", "Delta, ZSTD(1)", int),
 )
-INGESTED_AT = "`ingested_at` DateTime64(3, 'UTC') DEFAULT now64(3) CODEC(Delta, ZSTD(1))"
+# When the sink stored the row: not inserted, the server's clock (DEFAULT).
+INGESTED_AT = Column("ingested_at", "DateTime64(3, 'UTC')", "Delta, ZSTD(1)", int)
+# gpu_samples stores a record's provenance once per GPU, sorted by GPU and time, where it is most of what the table
+# holds besides the counters: a host's offsets grow by a near-constant step (DoubleDelta), the Kafka timestamp is kept
+# as its distance from the sample's time (the publish delay, a few ms; `kafka_ts` reads it back), and the time the row
+# was stored is kept to the second (docs/storage.md).
+KAFKA_LAG = Column("kafka_lag_ms", "Int64", "T64, ZSTD(1)", int, alias=Alias(
+    "kafka_ts", "DateTime64(3, 'UTC')", "ts + toIntervalMillisecond(kafka_lag_ms)",
+    "toUnixTimestamp64Milli(kafka_ts) - toUnixTimestamp64Milli(ts)"))
+PER_GPU_PROVENANCE = (PROVENANCE[0], Column("kafka_offset", "UInt64", "DoubleDelta, ZSTD(1)", int), KAFKA_LAG)
+INGESTED_AT_S = Column("ingested_at", "DateTime('UTC')", "Delta, ZSTD(1)", int)
+
+
+def ingested_ddl(column: Column) -> str:
+    now = "now64(3)" if column.type.startswith("DateTime64") else "now()"
+    return f"`{column.name}` {column.type} DEFAULT {now} CODEC({column.codec})"
 _MISSING = object()
 
 
@@ -47,13 +63,12 @@ class _Field:
 def _fields(model: type[BaseModel], rename: dict[str, str] | None = None, exclude=frozenset()) -> list[_Field]:
     rename = rename or {}
     out = []
-    by_name = {c.name: c for c in columns_of(model, exclude=frozenset(exclude))}
     for name, info in model.model_fields.items():
         if name in exclude:
             continue
-        col = by_name[name]
+        col = column_for(name, info)
         if name in rename:
-            col = Column(rename[name], col.type, col.codec, col.convert)
+            col = replace(col, name=rename[name])
         out.append(_Field(name, col, info.is_required(), None if info.is_required() else info.get_default(call_default_factory=True)))
     return out
 
@@ -76,6 +91,8 @@ class Table:
     items: str | None = None
     item_fields: list[_Field] = field(default_factory=list)
     count_column: str | None = None
+    provenance: tuple[Column, ...] = PROVENANCE
+    ingested_at: Column = INGESTED_AT
 
     @property
     def columns(self) -> list[Column]:
@@ -83,7 +100,12 @@ class Table:
         if self.items:
             data += [Column(self.count_column, "UInt8", None, int)] if self.count_column else []
             data += [f.column for f in self.item_fields]
-        return data + list(PROVENANCE)
+        return data + list(self.provenance)
+
+    @property
+    def aliases(self) -> list[Column]:
+        """The scaled columns, each also readable in its field's unit under the field's name (an ALIAS column)."""
+        return [c for c in self.columns if c.alias]
 
     @property
     def column_names(self) -> list[str]:
@@ -94,7 +116,8 @@ class Table:
         if type(record) is not dict:
             raise DecodeError(f"expected a JSON object, got {type(record).__name__}")
         if not self.items:
-            return [tuple(f.take(record) for f in self.fields) + (partition, offset, kafka_ts_ms)]
+            row = tuple(f.take(record) for f in self.fields)
+            return [row + self._provenance(row, partition, offset, kafka_ts_ms)]
         items = record.get(self.items)
         if not self.item_fields:
             if type(items) is not list or any(type(item) is not dict for item in items):
@@ -104,14 +127,26 @@ class Table:
         head = tuple(f.take(record) for f in self.fields)  # a missing shared field is named first
         if type(items) is not list:
             raise DecodeError(f"field {self.items!r}: expected a list")
+        tail = self._provenance(head, partition, offset, kafka_ts_ms)
         if self.count_column:
             head += (len(items),)
         rows = []  # a host whose every GPU faulted sends none: nothing to store, its faults are on fleet.faults
         for item in items:
             if type(item) is not dict:
                 raise DecodeError(f"field {self.items!r}: expected objects")
-            rows.append(head + tuple(f.take(item) for f in self.item_fields) + (partition, offset, kafka_ts_ms))
+            rows.append(head + tuple(f.take(item) for f in self.item_fields) + tail)
         return rows
+
+    @cached_property
+    def _lag_at(self) -> int | None:
+        """Where the record's time is in a row's head, when the Kafka timestamp is stored as its distance from it."""
+        if self.provenance[-1] is not KAFKA_LAG:
+            return None
+        return [f.column.name for f in self.fields].index(self.time_column)
+
+    def _provenance(self, head: tuple, partition: int, offset: int, kafka_ts_ms: int) -> tuple:
+        lag_at = self._lag_at
+        return (partition, offset, kafka_ts_ms if lag_at is None else kafka_ts_ms - head[lag_at])
 
 
 def _flat(name: str, topic: t.Topic, order_by: tuple[str, ...], ttl_days: int) -> Table:
@@ -127,6 +162,7 @@ TABLES: dict[str, Table] = {
             "gpu_samples", t.SAMPLES, _fields(HostSample, exclude={"gpus"}),
             order_by=("cluster", "host", "gpu_index", "ts"), ttl_days=30,
             items="gpus", item_fields=_fields(GpuReading, rename=GPU_RENAME), count_column="gpu_count",
+            provenance=PER_GPU_PROVENANCE, ingested_at=INGESTED_AT_S,
         ),
         _flat("xid_events", t.XID, ("host", "ts", "code"), 365),
         Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), 30, items="ranks"),

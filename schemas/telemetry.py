@@ -13,60 +13,90 @@ from schemas.limits import GPU_INDEX_MAX, ID_MAX, MAX_GPUS, NAME_MAX
 SCHEMA_VERSION = 1
 
 
+# How gpu_samples stores each counter (docs/storage.md): at the resolution its source reports, in the narrowest type,
+# with the codec that suits how it moves. A number finer than its resolution is rounded to it.
+WHOLE = "whole units (NVML's resolution)"
+PER_MILLE = "resolution 0.001"
+MILLIWATTS = "resolution 1 mW (NVML's)"
+_PERCENT = ch("UInt8", "ZSTD(1)")
+_MHZ = ch("UInt16", "ZSTD(1)")
+_CELSIUS = ch("Int16", "ZSTD(1)")
+_EXACT = ch("Float64", "ZSTD(1)")  # MiB from NVML's bytes: kept exactly (Gorilla only grows noisy gauges)
+_COUNTER = ch("UInt64", "Delta, ZSTD(1)")  # cumulative: the deltas are mostly zero
+_FLAG = ch("Bool", "ZSTD(1)")
+
+
+def _ratio(stored_as: str) -> dict:
+    return ch("UInt16", "T64, ZSTD(1)", scale=1000, stored_as=stored_as)
+
+
 class GpuReading(BaseModel):
     """One GPU's counters at sample time. A field the host cannot read is None, never a made-up zero."""
 
     model_config = ConfigDict(extra="forbid")
 
     index: int = Field(ge=0, le=GPU_INDEX_MAX, json_schema_extra=ch("UInt8"))
-    uuid: str = Field(min_length=1, max_length=ID_MAX)
+    uuid: str = Field(min_length=1, max_length=ID_MAX, json_schema_extra=ch("LowCardinality(String)"))
     pci_bus_id: str = Field(min_length=1, max_length=ID_MAX, json_schema_extra=ch("LowCardinality(String)"))
     model: str | None = Field(default=None, max_length=ID_MAX, json_schema_extra=ch("LowCardinality(Nullable(String))"))
     # utilisation
-    gpu_util_pct: float | None = Field(default=None, ge=0, le=100)
-    mem_util_pct: float | None = Field(default=None, ge=0, le=100)
-    sm_active: float | None = Field(default=None, ge=0, le=1, description="DCGM PROF_SM_ACTIVE ratio")
-    tensor_active: float | None = Field(default=None, ge=0, le=1, description="DCGM PROF_PIPE_TENSOR_ACTIVE ratio")
-    mem_used_mib: float | None = Field(default=None, ge=0)
-    mem_total_mib: float | None = Field(default=None, ge=0)
+    gpu_util_pct: float | None = Field(default=None, ge=0, le=100, description=WHOLE, json_schema_extra=_PERCENT)
+    mem_util_pct: float | None = Field(default=None, ge=0, le=100, description=WHOLE, json_schema_extra=_PERCENT)
+    sm_active: float | None = Field(default=None, ge=0, le=1, description=f"DCGM PROF_SM_ACTIVE ratio; {PER_MILLE}",
+                                    json_schema_extra=_ratio("sm_active_permille"))
+    tensor_active: float | None = Field(default=None, ge=0, le=1, description=f"DCGM PROF_PIPE_TENSOR_ACTIVE ratio; "
+                                        f"{PER_MILLE}", json_schema_extra=_ratio("tensor_active_permille"))
+    mem_used_mib: float | None = Field(default=None, ge=0, json_schema_extra=_EXACT)
+    mem_total_mib: float | None = Field(default=None, ge=0, json_schema_extra=_EXACT)
     # clocks, temperatures, power
-    sm_clock_mhz: float | None = Field(default=None, ge=0)
-    mem_clock_mhz: float | None = Field(default=None, ge=0)
-    gpu_temp_c: float | None = None
-    hbm_temp_c: float | None = None
-    power_w: float | None = Field(default=None, ge=0)
-    power_limit_w: float | None = Field(default=None, ge=0, description="enforced power limit")
-    energy_mj: int | None = Field(default=None, ge=0, description="energy since driver load, mJ")
-    throttle_reasons: int | None = Field(default=None, ge=0, description="NVML clocks-event reason bitmask")
-    throttle_power_ns: int | None = Field(default=None, ge=0, description="cumulative time clocks were held by power")
-    throttle_thermal_ns: int | None = Field(default=None, ge=0, description="cumulative time held by thermal limits")
+    sm_clock_mhz: float | None = Field(default=None, ge=0, description=WHOLE, json_schema_extra=_MHZ)
+    mem_clock_mhz: float | None = Field(default=None, ge=0, description=WHOLE, json_schema_extra=_MHZ)
+    gpu_temp_c: float | None = Field(default=None, description=WHOLE, json_schema_extra=_CELSIUS)
+    hbm_temp_c: float | None = Field(default=None, description=WHOLE, json_schema_extra=_CELSIUS)
+    power_w: float | None = Field(default=None, ge=0, description=MILLIWATTS,
+                                  json_schema_extra=ch("UInt32", "T64, ZSTD(1)", scale=1000, stored_as="power_mw"))
+    power_limit_w: float | None = Field(default=None, ge=0, description=f"enforced power limit; {MILLIWATTS}",
+                                        json_schema_extra=ch("UInt32", "ZSTD(1)", scale=1000,
+                                                             stored_as="power_limit_mw"))
+    energy_mj: int | None = Field(default=None, ge=0, description="energy since driver load, mJ",
+                                  json_schema_extra=ch("UInt64", "Delta, T64, ZSTD(1)"))
+    throttle_reasons: int | None = Field(default=None, ge=0, description="NVML clocks-event reason bitmask",
+                                         json_schema_extra=ch("UInt64", "ZSTD(1)"))
+    throttle_power_ns: int | None = Field(default=None, ge=0, description="cumulative time clocks were held by power",
+                                          json_schema_extra=_COUNTER)
+    throttle_thermal_ns: int | None = Field(default=None, ge=0, description="cumulative time held by thermal limits",
+                                            json_schema_extra=_COUNTER)
     # device limits (read once by collectors, repeated here so every sample is self-describing)
-    slowdown_temp_c: float | None = None
-    shutdown_temp_c: float | None = None
-    gpu_max_op_temp_c: float | None = None
-    hbm_max_op_temp_c: float | None = None
+    slowdown_temp_c: float | None = Field(default=None, description=WHOLE, json_schema_extra=_CELSIUS)
+    shutdown_temp_c: float | None = Field(default=None, description=WHOLE, json_schema_extra=_CELSIUS)
+    gpu_max_op_temp_c: float | None = Field(default=None, description=WHOLE, json_schema_extra=_CELSIUS)
+    hbm_max_op_temp_c: float | None = Field(default=None, description=WHOLE, json_schema_extra=_CELSIUS)
     # memory errors
-    ecc_sbe_volatile: int | None = Field(default=None, ge=0)
-    ecc_dbe_volatile: int | None = Field(default=None, ge=0)
-    ecc_sbe_aggregate: int | None = Field(default=None, ge=0)
-    ecc_dbe_aggregate: int | None = Field(default=None, ge=0)
-    retired_pages_sbe: int | None = Field(default=None, ge=0)
-    retired_pages_dbe: int | None = Field(default=None, ge=0)
-    retired_pages_pending: bool | None = None
-    remapped_rows_correctable: int | None = Field(default=None, ge=0)
-    remapped_rows_uncorrectable: int | None = Field(default=None, ge=0)
-    row_remap_pending: bool | None = None
-    row_remap_failure: bool | None = None
+    ecc_sbe_volatile: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    ecc_dbe_volatile: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    ecc_sbe_aggregate: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    ecc_dbe_aggregate: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    retired_pages_sbe: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    retired_pages_dbe: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    retired_pages_pending: bool | None = Field(default=None, json_schema_extra=_FLAG)
+    remapped_rows_correctable: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    remapped_rows_uncorrectable: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    row_remap_pending: bool | None = Field(default=None, json_schema_extra=_FLAG)
+    row_remap_failure: bool | None = Field(default=None, json_schema_extra=_FLAG)
     # interconnect
-    pcie_replay_count: int | None = Field(default=None, ge=0)
-    nvlink_crc_errors: int | None = Field(default=None, ge=0, description="CRC flit+data errors, all links")
-    nvlink_replay_errors: int | None = Field(default=None, ge=0)
-    nvlink_recovery_errors: int | None = Field(default=None, ge=0)
+    pcie_replay_count: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    nvlink_crc_errors: int | None = Field(default=None, ge=0, description="CRC flit+data errors, all links",
+                                          json_schema_extra=_COUNTER)
+    nvlink_replay_errors: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    nvlink_recovery_errors: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
     # fault state
-    last_xid: int | None = Field(default=None, ge=0)
-    recovery_action: int | None = Field(default=None, ge=0, le=7, description="nvmlDeviceGpuRecoveryAction_t")
-    mig_enabled: bool | None = Field(default=None, description="MIG mode (per-instance metrics are not in this row)")
-    unsupported: list[str] = Field(default_factory=list, max_length=64, description="fields this GPU cannot report")
+    last_xid: int | None = Field(default=None, ge=0, json_schema_extra=ch("UInt64", "ZSTD(1)"))
+    recovery_action: int | None = Field(default=None, ge=0, le=7, description="nvmlDeviceGpuRecoveryAction_t",
+                                        json_schema_extra=ch("UInt8", "ZSTD(1)"))
+    mig_enabled: bool | None = Field(default=None, description="MIG mode (per-instance metrics are not in this row)",
+                                     json_schema_extra=_FLAG)
+    unsupported: list[str] = Field(default_factory=list, max_length=64, description="fields this GPU cannot report",
+                                   json_schema_extra=ch("Array(LowCardinality(String))"))
 
 
 def unique_gpu_indices(s: Mapping[str, Any]) -> str | None:
@@ -92,7 +122,8 @@ class HostSample(BaseModel):
     job: str | None = Field(default=None, max_length=NAME_MAX,
                             json_schema_extra=ch("LowCardinality(Nullable(String))"))
     ts: float = Field(gt=0, description="sample time, epoch seconds", json_schema_extra=ch("DateTime64(3, 'UTC')"))
-    seq: int = Field(ge=0, description="per-host sample sequence number", json_schema_extra=ch("UInt64"))
+    seq: int = Field(ge=0, description="per-host sample sequence number",
+                     json_schema_extra=ch("UInt64", "DoubleDelta, ZSTD(1)"))
     source: Literal["nvml", "dcgm", "simulator"] = "nvml"
     driver_version: str | None = Field(default=None, max_length=ID_MAX,
                                        json_schema_extra=ch("LowCardinality(Nullable(String))"))

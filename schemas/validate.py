@@ -29,10 +29,10 @@ from schemas.columns import column_for
 LeanCheck = Callable[[Mapping[str, Any]], "str | None"]  # a reason when the record breaks a cross-field rule
 
 # Value ranges of ClickHouse column types: a value outside its column's range fails the insert, so it is refused here.
-_INT_RANGES = {
+INT_RANGES = {
     "UInt8": (0, 2**8 - 1), "UInt16": (0, 2**16 - 1), "UInt32": (0, 2**32 - 1),
     "UInt64": (0, 2**63 - 1),  # msgspec's bounds must fit an int64; no counter or offset comes near it
-    "Int32": (-(2**31), 2**31 - 1), "Int64": (-(2**63), 2**63 - 1),
+    "Int16": (-(2**15), 2**15 - 1), "Int32": (-(2**31), 2**31 - 1), "Int64": (-(2**63), 2**63 - 1),
 }
 DATETIME64_END_S = 10_413_792_000  # 2300-01-01: DateTime64's last representable instant is in 2299
 _BOUNDS = ("ge", "gt", "le", "lt", "min_length", "max_length")
@@ -50,13 +50,16 @@ def _bounds(name: str, info: FieldInfo, base: Any) -> dict[str, Any]:
     meta = {k: getattr(m, k) for m in info.metadata for k in _BOUNDS if getattr(m, k, None) is not None}
     if base not in (int, float):
         return meta
-    inner = _inner_type(column_for(name, info).type)
-    if inner in _INT_RANGES and base is int:
-        lo, hi = _INT_RANGES[inner]
+    column = column_for(name, info)
+    inner = _inner_type(column.type)
+    if inner in INT_RANGES:  # an int, or a number stored as whole 1/scale units (which round to the range's ends)
+        lo, hi = INT_RANGES[inner]
+        if base is float:
+            lo, hi = (lo - 0.25) / column.scale, (hi + 0.25) / column.scale  # well inside what rounds to them
         if "ge" not in meta and "gt" not in meta:
-            meta["ge"] = lo
+            meta["ge" if base is int else "gt"] = lo
         if "le" not in meta and "lt" not in meta:
-            meta["le"] = hi
+            meta["le" if base is int else "lt"] = hi
     elif inner.startswith("DateTime64") and base is float:  # epoch seconds: after 1970, before 2300
         if "ge" not in meta and "gt" not in meta:
             meta["gt"] = 0.0

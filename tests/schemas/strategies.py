@@ -13,7 +13,9 @@ import annotated_types as at
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from schemas.columns import INTEGER_TYPES, column_for
 from schemas.events import NcclStep
+from schemas.validate import INT_RANGES
 
 # Values the wire and ClickHouse both carry exactly: finite floats in a sane range, printable text, ms timestamps.
 _FLOAT = dict(allow_nan=False, allow_infinity=False, width=64)
@@ -83,6 +85,21 @@ def _world_holds_its_ranks(d: dict) -> dict:
 REPAIRS = {NcclStep: _world_holds_its_ranks}  # cross-field rules met by construction where a filter would reject most
 
 
+def _stored(name: str, info) -> st.SearchStrategy | None:
+    """A number field kept in an integer column (gpu_samples' °C, %, MHz, mW): values at the stored resolution, within
+    the model's bounds and the column's range, as a source that reports that resolution sends them."""
+    column = column_for(name, info)
+    inner = column.type.removeprefix("Nullable(").removesuffix(")")
+    if inner not in INTEGER_TYPES or float not in (info.annotation, *typing.get_args(info.annotation)):
+        return None
+    lo, hi = INT_RANGES[inner]
+    bounds = _bounds(info.metadata)
+    lo = max(lo, round(bounds.get("min_value", lo / column.scale) * column.scale))
+    hi = min(hi, round(bounds.get("max_value", hi / column.scale) * column.scale))
+    values = st.integers(min_value=lo, max_value=hi).map(lambda k: k / column.scale)
+    return st.none() | values if type(None) in typing.get_args(info.annotation) else values
+
+
 def model_dicts(model: type[BaseModel]) -> st.SearchStrategy[dict]:
     """Plain dicts that the model accepts, its cross-field rules (`lean_checks`) included; a list of nested models
     (`gpus`, `ranks`) gets 1-8 of them."""
@@ -93,7 +110,8 @@ def model_dicts(model: type[BaseModel]) -> st.SearchStrategy[dict]:
                 and issubclass(args[0], BaseModel):
             fields[name] = st.lists(model_dicts(args[0]), min_size=1, max_size=8)
         else:
-            fields[name] = _for(info.annotation, info.metadata, name)
+            stored = _stored(name, info)
+            fields[name] = stored if stored is not None else _for(info.annotation, info.metadata, name)
     checks = getattr(model, "lean_checks", ())
     drawn = st.fixed_dictionaries(fields)
     if model in REPAIRS:

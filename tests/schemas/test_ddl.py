@@ -82,3 +82,37 @@ def test_rows_from_any_valid_message_read_back_unchanged(db, name):
 def test_malformed_samples_are_refused_with_the_field_named(record, message):
     with pytest.raises(DecodeError, match=message):
         TABLES["gpu_samples"].rows(record, 0, 0)
+
+
+def test_scaled_counters_read_back_in_their_unit_as_sent(db):
+    """power_w, power_limit_w, sm_active and tensor_active are stored as whole mW and per-mille: their ALIAS columns
+    give back exactly the floats the record carried (at that resolution, which is what NVML and DCGM report)."""
+    table = TABLES["gpu_samples"]
+    scaled = [c.alias.name for c in table.aliases if c.scale != 1]
+    assert sorted(scaled) == ["power_limit_w", "power_w", "sm_active", "tensor_active"]
+    offset = iter(range(10**6))
+
+    @hsettings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+               deadline=None)
+    @given(model_dicts(table.topic.model))
+    def check(value):
+        message = decode(encode(table.topic.model.model_validate(value)))
+        off = next(offset)
+        db.insert(table.name, table.rows(message, 0, off), column_names=table.column_names)
+        sql = f"SELECT gpu_index, {', '.join(scaled)} FROM gpu_samples WHERE kafka_offset = {off}"
+        back = db.query(sql).result_rows
+        sent = {g["index"]: g for g in message["gpus"]}
+        assert len(back) == len(sent)
+        for index, *values in back:
+            for name, got in zip(scaled, values):
+                assert got == sent[index].get(name), f"{name}: {got!r} != {sent[index].get(name)!r}"
+
+    check()
+
+
+def test_a_finer_reading_is_rounded_to_the_stored_resolution():
+    """A producer with more digits than NVML's loses only what is below the column's resolution."""
+    row = dict(zip(TABLES["gpu_samples"].column_names, TABLES["gpu_samples"].rows(
+        {"host": "h", "ts": 1.7e9, "seq": 1, "gpus": [{"index": 0, "uuid": "u", "pci_bus_id": "p", "power_w": 412.3456,
+                                                        "sm_active": 0.12345, "gpu_temp_c": 61.6}]}, 0, 0)[0]))
+    assert (row["power_mw"], row["sm_active_permille"], row["gpu_temp_c"]) == (412346, 123, 62)

@@ -41,6 +41,10 @@ def changed(record: dict, path: tuple, value) -> bytes:
     (SAMPLES, SAMPLE, ("seq",), -1, r">= 0 - at `\$.seq`"),
     (SAMPLES, SAMPLE, ("ts",), 1e19, r"< 10413792000.0 - at `\$.ts`"),  # past what DateTime64 holds
     (SAMPLES, SAMPLE, ("gpus", 0, "energy_mj"), 1.5, r"Expected `int \| null`, got `float`"),
+    # numbers kept as whole units or milliwatts: refused past what their integer column holds, not failed in the insert
+    (SAMPLES, SAMPLE, ("gpus", 0, "gpu_temp_c"), 40000.0, r"< 32767.25 - at `\$.gpus\[0\].gpu_temp_c`"),
+    (SAMPLES, SAMPLE, ("gpus", 0, "power_w"), 5e6, r"< 4294967.29525 - at `\$.gpus\[0\].power_w`"),
+    (SAMPLES, SAMPLE, ("gpus", 0, "sm_clock_mhz"), 70000, r"< 65535.25 - at `\$.gpus\[0\].sm_clock_mhz`"),
     (SAMPLES, SAMPLE, ("host",), "", r"length >= 1 - at `\$.host`"),
     (SAMPLES, SAMPLE, ("gpus",), {"0": GPU}, r"Expected `array`, got `object` - at `\$.gpus`"),
     (XID, XID_EVENT, ("code",), 2**40, r"<= 4294967295 - at `\$.code`"),
