@@ -104,7 +104,8 @@ class ClickHouseSink:
             log.warning("schema migration: %s", stmt)
         drift = await self.db(store.schema_drift, self.client, self.settings.clickhouse_database)
         if drift:
-            raise StoreError("live tables differ from the schemas: " + "; ".join(drift))
+            raise StoreError("live tables differ from the schemas: " + "; ".join(drift)
+                             + " (`fleetpulse migrate` rebuilds them in the current layout, with their rows)")
 
     async def start(self) -> None:
         if self.client is None:
