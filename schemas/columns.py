@@ -73,6 +73,14 @@ class Column:
         return self.alias.name if self.alias else self.name
 
 
+def inner_type(ch_type: str) -> str:
+    """The type a column's values have, without LowCardinality( and Nullable( around it."""
+    for wrapper in ("LowCardinality(", "Nullable("):
+        while ch_type.startswith(wrapper):
+            ch_type = ch_type[len(wrapper):-1]
+    return ch_type
+
+
 def _fail(expected: str, value: Any) -> typing.NoReturn:
     raise DecodeError(f"expected {expected}, got {type(value).__name__} {value!r:.60}")
 
@@ -208,10 +216,7 @@ def column_for(name: str, info: FieldInfo) -> Column:
     base = pinned or _default_type(annotation)
     if base == "JSON-as-String":
         return Column(name, "String", "ZSTD(3)", _json)
-    inner = base
-    for wrapper in ("LowCardinality(", "Nullable("):
-        if inner.startswith(wrapper):
-            inner = inner[len(wrapper):-1]
+    inner = inner_type(base)
     codec = extra.get(CODEC_KEY) or _CODEC_BY_TYPE.get(inner)
     scale, stored = extra.get(SCALE_KEY, 1), extra.get(STORED_KEY)
     if annotation is float and inner in INTEGER_TYPES:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from core.errors import DecodeError
-from schemas.columns import column_for
+from schemas.columns import column_for, inner_type
 
 LeanCheck = Callable[[Mapping[str, Any]], "str | None"]  # a reason when the record breaks a cross-field rule
 
@@ -38,20 +38,13 @@ DATETIME64_END_S = 10_413_792_000  # 2300-01-01: DateTime64's last representable
 _BOUNDS = ("ge", "gt", "le", "lt", "min_length", "max_length")
 
 
-def _inner_type(ch_type: str) -> str:
-    for wrapper in ("LowCardinality(", "Nullable("):
-        while ch_type.startswith(wrapper):
-            ch_type = ch_type[len(wrapper):-1]
-    return ch_type
-
-
 def _bounds(name: str, info: FieldInfo, base: Any) -> dict[str, Any]:
     """The model's constraints on a field, tightened by what its ClickHouse column can hold."""
     meta = {k: getattr(m, k) for m in info.metadata for k in _BOUNDS if getattr(m, k, None) is not None}
     if base not in (int, float):
         return meta
     column = column_for(name, info)
-    inner = _inner_type(column.type)
+    inner = inner_type(column.type)
     if inner in INT_RANGES:  # an int, or a number stored as whole 1/scale units (which round to the range's ends)
         lo, hi = INT_RANGES[inner]
         if base is float:

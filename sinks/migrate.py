@@ -17,19 +17,12 @@ from datetime import datetime, timezone
 from clickhouse_connect.driver.client import Client
 
 from core.errors import StoreError
-from schemas.columns import INTEGER_TYPES, Column
+from schemas.columns import INTEGER_TYPES, Column, inner_type
 from schemas.ddl import create_table, create_watermark_view
 from schemas.tables import TABLES, Table
 from sinks import store
 
 log = logging.getLogger(__name__)
-
-
-def _inner(ch_type: str) -> str:
-    for wrapper in ("LowCardinality(", "Nullable("):
-        while ch_type.startswith(wrapper):
-            ch_type = ch_type[len(wrapper):-1]
-    return ch_type
 
 
 def copy_expression(col: Column, live: dict[str, str]) -> str | None:
@@ -38,7 +31,7 @@ def copy_expression(col: Column, live: dict[str, str]) -> str | None:
         return f"CAST({col.alias.stored_from} AS {col.type})"
     if col.name in live:
         source = f"`{col.name}`"
-        if _inner(col.type) in INTEGER_TYPES and _inner(live[col.name]).startswith("Float"):
+        if inner_type(col.type) in INTEGER_TYPES and inner_type(live[col.name]).startswith("Float"):
             source = f"round({source})"
         return f"CAST({source} AS {col.type})"
     return None

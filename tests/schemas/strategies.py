@@ -13,7 +13,7 @@ import annotated_types as at
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from schemas.columns import INTEGER_TYPES, column_for
+from schemas.columns import INTEGER_TYPES, column_for, inner_type
 from schemas.events import NcclStep
 from schemas.validate import INT_RANGES
 
@@ -89,7 +89,7 @@ def _stored(name: str, info) -> st.SearchStrategy | None:
     """A number field kept in an integer column (gpu_samples' °C, %, MHz, mW): values at the stored resolution, within
     the model's bounds and the column's range, as a source that reports that resolution sends them."""
     column = column_for(name, info)
-    inner = column.type.removeprefix("Nullable(").removesuffix(")")
+    inner = inner_type(column.type)
     if inner not in INTEGER_TYPES or float not in (info.annotation, *typing.get_args(info.annotation)):
         return None
     lo, hi = INT_RANGES[inner]

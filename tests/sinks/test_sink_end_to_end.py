@@ -145,10 +145,11 @@ async def test_live_table_drift_stops_the_sink_at_start(settings):
 
 
 async def test_a_record_the_store_refuses_is_dead_lettered_once_and_the_rest_of_its_batch_is_stored(settings):
-    # A constraint the operator added: the real engine refuses the rows that break it, whole inserts at a time.
+    # A constraint the operator added: the real engine refuses the rows that break it, whole inserts at a time. It names
+    # the stored column: an ALIAS (power_w) is not there when a constraint is checked.
     client = store.connect(settings)
     store.apply_schema(client, settings)
-    client.command("ALTER TABLE gpu_samples ADD CONSTRAINT no_999_watts CHECK power_w IS NULL OR power_w != 999")
+    client.command("ALTER TABLE gpu_samples ADD CONSTRAINT no_999_watts CHECK power_mw IS NULL OR power_mw != 999000")
     now = time.time()
     good = [sample(h, s, now) for s in range(6) for h in range(10)]
     bad = [sample(20 + k, 0, now) for k in range(3)]
