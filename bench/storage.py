@@ -53,7 +53,8 @@ def _sizes(client, table: str) -> dict:
     rows = client.query(f"SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE table = '{table}' AND active"
                         ).result_rows[0]
     per = client.query("SELECT column, any(type), sum(column_data_compressed_bytes),"
-                       f" sum(column_data_uncompressed_bytes) FROM system.parts_columns WHERE table = '{table}' AND active GROUP BY column").result_rows
+                       " sum(column_data_uncompressed_bytes) FROM system.parts_columns"
+                       f" WHERE table = '{table}' AND active GROUP BY column").result_rows
     n = rows[0]
     columns = {c: {"type": t, "bytes_per_row": round(b / n, 3), "ratio": round(u / b, 1) if b else None}
                for c, t, b, u in sorted(per, key=lambda r: -r[2])}

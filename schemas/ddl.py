@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import re
 
-from schemas.tables import TABLES, Table, ingested_ddl
+from schemas.columns import Column
+from schemas.tables import TABLES, Table
 
 WATERMARKS = "sink_watermarks"
 RESETS = "sink_topic_resets"
 # Insert deduplication must be explicit: non-replicated MergeTree only deduplicates with a window > 0.
 TABLE_SETTINGS = "non_replicated_deduplication_window = 10000, index_granularity = 8192"
+
+
+def ingested_ddl(column: Column) -> str:
+    """The column the server fills with the time it stored the row (never inserted)."""
+    now = "now64(3)" if column.type.startswith("DateTime64") else "now()"
+    return f"`{column.name}` {column.type} DEFAULT {now} CODEC({column.codec})"
 
 
 def create_table(table: Table, database: str = "default", on_cluster: str | None = None) -> str:

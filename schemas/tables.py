@@ -31,11 +31,6 @@ KAFKA_LAG = Column("kafka_lag_ms", "Int64", "T64, ZSTD(1)", int, alias=Alias(
     "toUnixTimestamp64Milli(kafka_ts) - toUnixTimestamp64Milli(ts)"))
 PER_GPU_PROVENANCE = (PROVENANCE[0], Column("kafka_offset", "UInt64", "DoubleDelta, ZSTD(1)", int), KAFKA_LAG)
 INGESTED_AT_S = Column("ingested_at", "DateTime('UTC')", "Delta, ZSTD(1)", int)
-
-
-def ingested_ddl(column: Column) -> str:
-    now = "now64(3)" if column.type.startswith("DateTime64") else "now()"
-    return f"`{column.name}` {column.type} DEFAULT {now} CODEC({column.codec})"
 _MISSING = object()
 
 
@@ -104,7 +99,8 @@ class Table:
 
     @property
     def aliases(self) -> list[Column]:
-        """The scaled columns, each also readable in its field's unit under the field's name (an ALIAS column)."""
+        """The columns stored in another form than their field's (scaled, or a lag), each also readable under the
+        field's own name as an ALIAS column."""
         return [c for c in self.columns if c.alias]
 
     @property

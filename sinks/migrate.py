@@ -11,7 +11,6 @@ no sink writes to the store: rows inserted during the copy would be left in the 
 from __future__ import annotations
 
 import argparse
-import logging
 from datetime import datetime, timezone
 
 from clickhouse_connect.driver.client import Client
@@ -21,9 +20,6 @@ from schemas.columns import INTEGER_TYPES, Column, inner_type
 from schemas.ddl import create_table, create_watermark_view
 from schemas.tables import TABLES, Table
 from sinks import store
-
-log = logging.getLogger(__name__)
-
 
 def copy_expression(col: Column, live: dict[str, str]) -> str | None:
     """How one column of the current layout is computed from the live table's columns (None: not there, default)."""
@@ -46,9 +42,7 @@ def live_columns(client: Client, database: str, table: str) -> dict[str, str]:
 def rebuild(client: Client, database: str, table: Table, topic_prefix: str, keep_old: bool) -> str:
     """Copy `table` into the current layout and swap it in; returns what was done, in one line."""
     live = live_columns(client, database, table.name)
-    pairs = [(c.name, copy_expression(c, live)) for c in table.columns]
-    if "ingested_at" in live:
-        pairs.append(("ingested_at", f"CAST(ingested_at AS {table.ingested_at.type})"))
+    pairs = [(c.name, copy_expression(c, live)) for c in [*table.columns, table.ingested_at]]
     pairs = [(name, expr) for name, expr in pairs if expr is not None]
     new, old = f"{table.name}__migrating", f"{table.name}__before_{datetime.now(timezone.utc):%Y%m%d%H%M%S}"
     client.command(f"DROP TABLE IF EXISTS {database}.{new}")
@@ -94,4 +88,3 @@ def run(args: argparse.Namespace) -> int:
     for line in done or ["every table already has the current layout"]:
         print(line)
     return 0
-
