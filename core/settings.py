@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 from pathlib import Path
 
@@ -43,6 +44,14 @@ class CommonSettings(BaseSettings):
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
     query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
     query_token: SecretStr | None = Field(default=None, description="bearer token the query endpoint requires")
+    # Retention tiers (schemas/ddl.py): per-second telemetry, scores, events and the rollups kept after the raw is gone.
+    retention_telemetry_days: int = Field(default=30, ge=1, description="gpu_samples, nccl_timings")
+    retention_scores_days: int = Field(default=90, ge=1, description="health_scores, stragglers")
+    retention_events_days: int = Field(default=365, ge=1, description="XIDs, faults, alerts, lifecycle, drains, ...")
+    retention_rollup_days: int = Field(default=730, ge=1, description="the per-minute, per-day and per-job rollups")
+    # The rack power inventory: the worker's rack power alerts and the store's rack_1m view (power against budget).
+    rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
+    rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')
     max_future_s: float = Field(default=2 * 86_400.0, gt=0, description="a record stamped further ahead of this "
                                 "process's clock is refused (a host clock years ahead would freeze its state)")
 
@@ -53,6 +62,27 @@ class CommonSettings(BaseSettings):
         if value not in allowed:
             raise ValueError(f"must be one of {sorted(allowed)}")
         return value
+
+    @field_validator("rack_budgets_w")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [rack for rack, watts in value.items() if not watts > 0]
+        if bad:
+            raise ValueError(f"budgets must be positive watts; not for {bad}")
+        return value
+
+    def rack_budgets(self) -> dict[str, float]:
+        """The inventory file's budgets, overridden by rack_budgets_w; empty means no rack alerts."""
+        budgets: dict[str, float] = {}
+        if self.rack_inventory_file is not None:
+            try:
+                raw = json.loads(self.rack_inventory_file.read_text())
+                budgets = {str(rack): float(watts) for rack, watts in raw.items()}
+            except (OSError, ValueError, AttributeError, TypeError) as exc:
+                raise ConfigError(f"rack_inventory_file {self.rack_inventory_file}: {exc}") from exc
+            if any(not w > 0 for w in budgets.values()):
+                raise ConfigError(f"rack_inventory_file {self.rack_inventory_file}: budgets must be positive watts")
+        return {**budgets, **self.rack_budgets_w}
 
     @property
     def bootstrap(self) -> str:
@@ -66,6 +96,12 @@ class CommonSettings(BaseSettings):
         if self.kafka_replication is not None:
             return self.kafka_replication
         return min(3, self.local_kafka_nodes) if self.uses_local_kafka and self.local_kafka_nodes >= 3 else 1
+
+    @property
+    def retention(self) -> dict[str, int]:
+        """Days kept per retention tier."""
+        return {"telemetry": self.retention_telemetry_days, "scores": self.retention_scores_days,
+                "events": self.retention_events_days, "rollup": self.retention_rollup_days}
 
     @property
     def uses_local_kafka(self) -> bool:

@@ -16,6 +16,6 @@ def run(args: argparse.Namespace) -> int:
     from core.settings import CommonSettings, load
 
     settings = load(CommonSettings, clickhouse_database=args.database, topic_prefix=args.topic_prefix)
-    for stmt in statements(settings.clickhouse_database, settings.topic_prefix):
+    for stmt in statements(settings.clickhouse_database, settings.topic_prefix, settings.retention):
         print(stmt + ";\n")
     return 0

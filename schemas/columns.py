@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Union
 
 import orjson
-from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from core.errors import DecodeError

@@ -81,7 +81,7 @@ class Table:
     topic: t.Topic
     fields: list[_Field]
     order_by: tuple[str, ...]
-    ttl_days: int
+    tier: str  # its retention tier: "telemetry", "scores" or "events" (schemas/ddl.py RETENTION_DAYS)
     time_column: str = "ts"
     items: str | None = None
     item_fields: list[_Field] = field(default_factory=list)
@@ -145,8 +145,8 @@ class Table:
         return (partition, offset, kafka_ts_ms if lag_at is None else kafka_ts_ms - head[lag_at])
 
 
-def _flat(name: str, topic: t.Topic, order_by: tuple[str, ...], ttl_days: int) -> Table:
-    return Table(name, topic, _fields(topic.model), order_by, ttl_days)
+def _flat(name: str, topic: t.Topic, order_by: tuple[str, ...], tier: str) -> Table:
+    return Table(name, topic, _fields(topic.model), order_by, tier)
 
 
 GPU_RENAME = {"index": "gpu_index", "uuid": "gpu_uuid", "model": "gpu_model"}
@@ -156,22 +156,22 @@ TABLES: dict[str, Table] = {
     for tb in [
         Table(
             "gpu_samples", t.SAMPLES, _fields(HostSample, exclude={"gpus"}),
-            order_by=("cluster", "host", "gpu_index", "ts"), ttl_days=30,
+            order_by=("cluster", "host", "gpu_index", "ts"), tier="telemetry",
             items="gpus", item_fields=_fields(GpuReading, rename=GPU_RENAME), count_column="gpu_count",
             provenance=PER_GPU_PROVENANCE, ingested_at=INGESTED_AT_S,
         ),
-        _flat("xid_events", t.XID, ("host", "ts", "code"), 365),
-        Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), 30, items="ranks"),
-        _flat("health_scores", t.HEALTH, ("host", "ts"), 90),
-        _flat("faults", t.FAULTS, ("host", "ts", "code"), 365),
-        _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), 90),
-        _flat("alerts", t.ALERTS, ("alertname", "fingerprint", "ts"), 365),
-        _flat("node_states", t.NODE_STATE, ("host", "ts"), 365),
-        _flat("drain_events", t.DRAIN, ("host", "ts"), 365),
-        _flat("remediation_results", t.REMEDIATION, ("host", "ts"), 365),
-        Table("usable_compute", t.USABLE, _fields(t.USABLE.model), ("scope", "minute_ts"), 365,
+        _flat("xid_events", t.XID, ("host", "ts", "code"), "events"),
+        Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), "telemetry", items="ranks"),
+        _flat("health_scores", t.HEALTH, ("host", "ts"), "scores"),
+        _flat("faults", t.FAULTS, ("host", "ts", "code"), "events"),
+        _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), "scores"),
+        _flat("alerts", t.ALERTS, ("alertname", "fingerprint", "ts"), "events"),
+        _flat("node_states", t.NODE_STATE, ("host", "ts"), "events"),
+        _flat("drain_events", t.DRAIN, ("host", "ts"), "events"),
+        _flat("remediation_results", t.REMEDIATION, ("host", "ts"), "events"),
+        Table("usable_compute", t.USABLE, _fields(t.USABLE.model), ("scope", "minute_ts"), "events",
               time_column="minute_ts"),
-        _flat("sim_truth", t.TRUTH, ("run_id", "ts", "host"), 365),
+        _flat("sim_truth", t.TRUTH, ("run_id", "ts", "host"), "events"),
     ]
 }
 TABLE_BY_TOPIC: dict[str, Table] = {tb.topic.name: tb for tb in TABLES.values()}

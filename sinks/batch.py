@@ -58,6 +58,16 @@ class Batch:
     def empty(self) -> bool:
         return self.opened is None
 
+    def canonical_order(self) -> None:
+        """Records (and their rows) in partition and offset order, not the order they were fetched in: a batch split
+        around refused records then splits the same way whenever the same records are split again, a batch stored
+        again after a stop included, so its parts keep their tokens (segment_token)."""
+        rows, entries = [], []
+        for e in sorted(self.entries, key=lambda e: (e.partition, e.offset)):
+            entries.append(e._replace(start=len(rows), end=len(rows) + e.end - e.start))
+            rows.extend(self.rows[e.start:e.end])
+        self.rows, self.entries = rows, entries
+
     def token(self) -> str:
         """Deduplication token: topic (and its epoch once recreated: the same offsets are other records then) plus the
         exact offset range of every partition in the batch."""

@@ -4,8 +4,11 @@ The sink applies one migration by itself (columns added since); anything else it
 command. A table is rebuilt, not altered in place: a new table is made from the current DDL, every row is copied with
 each column cast to its new type (a number that became an integer is rounded, a scaled column is computed from the
 field it stores, `power_w` -> `power_mw`), the counts are compared, the two tables are exchanged, the table's
-watermark view is made again, and the old rows are dropped (or kept under another name with --keep-old). Run it while
-no sink writes to the store: rows inserted during the copy would be left in the old table.
+watermark view is made again, and the old rows are dropped (or kept under another name with --keep-old). The rollups
+fed from a rebuilt table keep their rows and are fed from the new one. A rollup whose own columns changed is made
+again and filled from the raw rows the store still holds: what it summed from rows past their retention is gone (kept
+under another name with --keep-old). Run it while no sink writes to the store: rows inserted during the copy would be
+left in the old table.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from clickhouse_connect.driver.client import Client
 from core.errors import StoreError
 from schemas.columns import INTEGER_TYPES, Column, inner_type
 from schemas.ddl import create_table, create_watermark_view
+from schemas.rollups import ROLLUPS, Rollup
 from schemas.tables import TABLES, Table
 from sinks import store
 
@@ -58,20 +62,43 @@ def rebuild(client: Client, database: str, table: Table, topic_prefix: str, keep
     client.command(f"RENAME TABLE {here} TO {database}.{old}, {database}.{new} TO {here}")
     client.command(f"DROP VIEW IF EXISTS {database}.{table.name}_watermark_mv")  # it followed the old table
     client.command(create_watermark_view(table, database, topic_prefix))
+    for rollup in ROLLUPS.values():  # so did the rollups' views: apply_schema makes them again on the new table
+        if rollup.source == table.name:
+            for view in rollup.view_names():
+                client.command(f"DROP VIEW IF EXISTS {database}.{view}")
     if not keep_old:
         client.command(f"DROP TABLE {database}.{old}")
     kept = f", the old one kept as {old}" if keep_old else ""
     return f"{table.name}: {after} rows copied into the current layout{kept}"
 
 
-def drifting(client: Client, database: str) -> list[Table]:
-    """The tables schema_drift finds different from the current layout (missing ones are only created)."""
+def rebuild_rollup(client: Client, database: str, rollup: Rollup, keep_old: bool) -> str:
+    """Set aside a rollup made by another version; apply_schema makes it again and fills it from the raw rows."""
+    for view in rollup.view_names():
+        client.command(f"DROP VIEW IF EXISTS {database}.{view}")
+    if keep_old:
+        old = f"{rollup.name}__before_{datetime.now(timezone.utc):%Y%m%d%H%M%S}"
+        client.command(f"RENAME TABLE {database}.{rollup.name} TO {database}.{old}")
+        return f"{rollup.name}: set aside as {old}, to be refilled from {rollup.source}"
+    client.command(f"DROP TABLE {database}.{rollup.name}")
+    return f"{rollup.name}: dropped, to be refilled from {rollup.source}"
+
+
+def drifting(client: Client, database: str) -> tuple[list[Table], list[Rollup]]:
+    """The tables and rollups schema_drift finds different from the current layout (missing ones are only created)."""
     problems = [p for p in store.schema_drift(client, database) if not p.endswith(": missing")]
-    return [t for name, t in TABLES.items() if any(p.startswith((f"{name}.", f"{name}:")) for p in problems)]
+
+    def named(name: str) -> bool:
+        return any(p.startswith((f"{name}.", f"{name}:")) for p in problems)
+
+    return [t for t in TABLES.values() if named(t.name)], [r for r in ROLLUPS.values() if named(r.name)]
 
 
 def migrate(client: Client, database: str, topic_prefix: str, keep_old: bool = False) -> list[str]:
-    return [rebuild(client, database, table, topic_prefix, keep_old) for table in drifting(client, database)]
+    """Rebuild what drifted; the caller's apply_schema then makes the rollups and views over the new tables."""
+    tables, rollups = drifting(client, database)
+    return ([rebuild(client, database, table, topic_prefix, keep_old) for table in tables]
+            + [rebuild_rollup(client, database, rollup, keep_old) for rollup in rollups])
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -85,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     client = store.connect(settings)
     store.apply_schema(client, settings)
     done = migrate(client, settings.clickhouse_database, settings.topic_prefix, keep_old=args.keep_old)
+    store.apply_schema(client, settings)
     for line in done or ["every table already has the current layout"]:
         print(line)
     return 0

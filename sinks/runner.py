@@ -15,7 +15,7 @@ from core.logs import LogBudget
 from schemas.provision import ensure_topics
 from schemas.dead_letter import dead_letter
 from schemas.tables import TABLES, Table
-from sinks import store
+from sinks import inflight, store
 from sinks.batch import Batch, Entry
 from sinks.query_guard import QueryLimits
 from sinks.settings import SinkSettings
@@ -33,6 +33,7 @@ class TableStats:
     already_stored: int = 0  # replayed records at or below the stored watermark: skipped, still committed
     split_batches: int = 0  # batches the store refused whole, inserted in parts around the records at fault
     topic_resets: int = 0  # partitions found recreated (log end at or below the stored watermark): read as new
+    stored_again: int = 0  # last batches before a stop, inserted again at start with their token (sinks/inflight.py)
 
 
 @dataclass
@@ -99,13 +100,13 @@ class ClickHouseSink:
 
     async def open_store(self) -> None:
         self.client = await self.db(store.connect, self.settings)
-        await self.db(store.apply_schema, self.client, self.settings)
-        for stmt in await self.db(store.add_missing_columns, self.client, self.settings.clickhouse_database):
+        for stmt in await self.db(store.apply_schema, self.client, self.settings):
             log.warning("schema migration: %s", stmt)
         drift = await self.db(store.schema_drift, self.client, self.settings.clickhouse_database)
         if drift:
             raise StoreError("live tables differ from the schemas: " + "; ".join(drift)
                              + " (`fleetpulse migrate` rebuilds them in the current layout, with their rows)")
+        await self.db(store.record_rack_budgets, self.client, self.settings.rack_budgets())
 
     async def start(self) -> None:
         if self.client is None:
@@ -120,6 +121,7 @@ class ClickHouseSink:
                 self.batches[topic].epoch = epoch
         self.producer = AIOKafkaProducer(**kafka, acks="all", enable_idempotence=True)
         await self.producer.start()
+        await self.store_inflight_again()
         self.consumer = AIOKafkaConsumer(
             **kafka,
             group_id=self.settings.topic_prefix + self.settings.sink_group_id,
@@ -130,6 +132,30 @@ class ClickHouseSink:
         self.consumer.subscribe(list(self.by_topic), listener=_Rebalance(self))
         await self.consumer.start()
         self.stats.ready = True
+
+    async def store_inflight_again(self) -> None:
+        """Insert the last batch of each topic again, same records, same token (sinks/inflight.py): a no-op when it
+        was stored whole, the missing parts when the sink stopped mid-insert."""
+        for topic, (token, epoch, ranges) in (await self.db(store.last_inflight, self.client)).items():
+            batch = self.batches.get(topic)
+            if batch is None or epoch != batch.epoch:  # not fed here any more, or the topic was recreated since
+                continue
+            records = await inflight.read_ranges(self.settings.kafka_client_args(), topic, ranges)
+            if records is None:
+                log.warning("the last batch of %s (%s) can no longer be read whole; not stored again", topic, token)
+                continue
+            again = Batch(batch.table, topic, epoch=epoch)
+            for rec in records:
+                try:
+                    value = batch.table.topic.decode_keyed(rec.key, rec.value)
+                    again.add(rec.partition, rec.offset, batch.table.rows(value, rec.partition, rec.offset,
+                                                                          rec.timestamp), rec.value, rec.key)
+                except DecodeError:
+                    continue  # dead-lettered when it was first read, before the insert
+            again.ranges = {p: list(span) for p, span in ranges.items()}
+            if again.rows and again.token() == token:
+                await self.insert_batch(again, again=True)
+                self.stats.tables[batch.table.name].stored_again += 1
 
     async def seek_past_watermarks(self, assigned) -> None:
         """Resume after the highest offset already stored, even where Kafka's commit lags behind it; a partition that
@@ -221,6 +247,7 @@ class ClickHouseSink:
             return
         stats = self.stats.tables[batch.table.name]
         if batch.rows:
+            await self.db(store.record_inflight, self.client, batch.topic, batch.token(), batch.epoch, batch.ranges)
             began = time.perf_counter()
             stats.rows += await self.insert_batch(batch)
             stats.last_insert_ms = round((time.perf_counter() - began) * 1000, 2)
@@ -229,10 +256,11 @@ class ClickHouseSink:
         batch.reset()
         await self.consumer.commit(offsets)
 
-    async def insert_batch(self, batch: Batch) -> int:
+    async def insert_batch(self, batch: Batch, again: bool = False) -> int:
         """Insert the batch; the rows stored. When the store refuses rows of it (a value a column cannot hold, a
         constraint, too many partitions at once), the records behind them are found by halving and dead-lettered and
-        the rest stored, so one poison pill never stops the topic."""
+        the rest stored, so one poison pill never stops the topic. A batch stored `again` at start-up was dead-lettered
+        from when it was first inserted: its refused records are not sent twice."""
         try:
             await self.insert_with_retry(batch, batch.rows, batch.token())
             return len(batch.rows)
@@ -242,21 +270,24 @@ class ClickHouseSink:
             log.warning("%s refused rows of a batch of %d records (%s); finding the records at fault",
                         batch.table.name, len(batch.entries), exc)
             self.stats.tables[batch.table.name].split_batches += 1
-            refused = await self.isolate(batch, batch.entries, exc)
-        if len(refused) == len(batch.entries) > 1:
-            log.error("%s refused every one of %d records (%s): the table itself may be at fault; they are in %s",
-                      batch.table.name, len(refused), exc, batch.table.topic.dlq(self.settings.topic_prefix))
+            batch.canonical_order()
+            refused = await self.isolate(batch, batch.entries, exc, dead_letter=not again)
+            if len(refused) == len(batch.entries) > 1:
+                log.error("%s refused every one of %d records (%s): the table itself may be at fault; they are in %s",
+                          batch.table.name, len(refused), exc, batch.table.topic.dlq(self.settings.topic_prefix))
         return len(batch.rows) - sum(e.end - e.start for e in refused)
 
-    async def isolate(self, batch: Batch, entries: list[Entry], exc: StoreError) -> list[Entry]:
+    async def isolate(self, batch: Batch, entries: list[Entry], exc: StoreError,
+                      dead_letter: bool = True) -> list[Entry]:
         """`entries` (whose insert failed with `exc`) halved until each failing record stands alone: its dead letter
         goes out, the halves that insert are stored. In order, so what is stored of a partition is always a prefix of
         the batch's records (the resume watermark, the highest stored offset, stays true across a crash)."""
         if len(entries) == 1:
             e = entries[0]
-            await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key,
-                                        f"the store refused it: {exc}")
-            self.stats.tables[batch.table.name].dead_letters += 1
+            if dead_letter:
+                await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key,
+                                            f"the store refused it: {exc}")
+                self.stats.tables[batch.table.name].dead_letters += 1
             return [e]
         refused: list[Entry] = []
         mid = len(entries) // 2
@@ -266,7 +297,7 @@ class ClickHouseSink:
             except StoreError as sub:
                 if not sub.bad_rows:
                     raise
-                refused += await self.isolate(batch, half, sub)
+                refused += await self.isolate(batch, half, sub, dead_letter)
         return refused
 
     async def insert_with_retry(self, batch: Batch, rows: list[tuple], token: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import datetime, timezone
 
@@ -11,9 +12,12 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 
 from core.errors import StoreError
 from core.settings import CommonSettings
-from schemas.ddl import expected_columns, normalise_codec, statements
+from schemas.ddl import days, expected_columns, normalise_codec, rollup_statements, table_statements, ttl_expression
+from schemas.rollups import ROLLUPS
 from schemas.tables import TABLES
 from sinks.query_guard import QueryLimits, guarded, split
+
+log = logging.getLogger("fleetpulse.store")
 
 # Error codes worth retrying: timeouts, too many parts/simultaneous queries, memory, network, readonly replica.
 RETRYABLE_CODES = {159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999}
@@ -46,13 +50,57 @@ def connect(settings: CommonSettings) -> Client:
         raise as_store_error(exc, f"cannot open ClickHouse at {redact(dsn)}") from exc
 
 
-def apply_schema(client: Client, settings: CommonSettings) -> None:
-    """Create every table, view and watermark table (idempotent)."""
-    for stmt in statements(settings.clickhouse_database, settings.topic_prefix):
-        try:
-            client.command(stmt)
-        except Exception as exc:
-            raise as_store_error(exc, f"DDL failed: {stmt.splitlines()[0]}") from exc
+def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
+    """Create every table, view and watermark table (idempotent), and add the columns the schemas gained since a table
+    was made (returned, for the log). While the tables match the schemas, the rollups are made too (a rollup new to a
+    store that holds rows is filled from them) and a retention changed in the settings is applied; a table that
+    differs in another way is left for schema_drift to report and `fleetpulse migrate` to rebuild."""
+    database = settings.clickhouse_database
+    existed = _tables(client, database)
+    for stmt in table_statements(database, settings.topic_prefix, settings.retention):
+        _command(client, stmt, f"DDL failed: {stmt.splitlines()[0]}")
+    added = add_missing_columns(client, database)
+    if _table_drift(client, database):
+        return added
+    for stmt in rollup_statements(database, settings.retention):
+        _command(client, stmt, f"DDL failed: {stmt.splitlines()[0]}")
+    for rollup in ROLLUPS.values():
+        if rollup.name not in existed and rollup.source in existed:
+            log.info("filling the new rollup %s from the rows %s holds", rollup.name, rollup.source)
+            for sql in rollup.aggregates(database):
+                columns = [row[0] for row in client.query(f"DESCRIBE TABLE ({sql})").result_rows]
+                _command(client, rollup.backfill(database, sql, columns), f"filling {rollup.name} failed")
+    for table, ttl in _retention_changes(client, settings):
+        log.info("retention of %s is now %s", table, ttl)
+        _command(client, f"ALTER TABLE {database}.{table} MODIFY TTL {ttl}",
+                 f"changing the retention of {table} failed")
+    return added
+
+
+def _tables(client: Client, database: str) -> set[str]:
+    rows = client.query("SELECT name FROM system.tables WHERE database = {db:String}", parameters={"db": database})
+    return {name for (name,) in rows.result_rows}
+
+
+def _command(client: Client, stmt: str, context: str) -> None:
+    try:
+        client.command(stmt)
+    except Exception as exc:
+        raise as_store_error(exc, context) from exc
+
+
+def _retention_changes(client: Client, settings: CommonSettings) -> list[tuple[str, str]]:
+    """(table, TTL expression) for every table whose live retention differs from the settings'."""
+    rows = client.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
+                        parameters={"db": settings.clickhouse_database}).result_rows
+    live = {name: m.group(1) for name, engine in rows if (m := _TTL_DAYS.search(engine))}
+    want = {t.name: (t.time_column, days(t.tier, settings.retention)) for t in TABLES.values()}
+    want |= {r.name: (r.time_column, days("rollup", settings.retention)) for r in ROLLUPS.values()}
+    return [(name, ttl_expression(column, n)) for name, (column, n) in want.items()
+            if name in live and live[name] != str(n)]
+
+
+_TTL_DAYS = re.compile(r"\bTTL .*?toIntervalDay\((\d+)\)")
 
 
 def add_missing_columns(client: Client, database: str) -> list[str]:
@@ -84,15 +132,12 @@ def add_missing_columns(client: Client, database: str) -> list[str]:
 
 
 def schema_drift(client: Client, database: str) -> list[str]:
-    """Differences between the live tables and the generated DDL; empty when they match."""
-    rows = client.query(
-        "SELECT table, name, type, compression_codec FROM system.columns WHERE database = {db:String} "
-        "ORDER BY table, position",
-        parameters={"db": database},
-    ).result_rows
-    live: dict[str, list[tuple[str, str, str]]] = {}
-    for table, name, type_, codec in rows:
-        live.setdefault(table, []).append((name, type_, normalise_codec(codec)))
+    """Differences between the live tables and rollups and the generated DDL; empty when they match."""
+    return _table_drift(client, database) + _rollup_drift(client, database)
+
+
+def _table_drift(client: Client, database: str) -> list[str]:
+    live = _live_columns(client, database)
     problems = []
     for table in TABLES.values():
         want = [(n, t, normalise_codec(c)) for n, t, c in expected_columns(table)]
@@ -109,6 +154,34 @@ def schema_drift(client: Client, database: str) -> list[str]:
     return problems
 
 
+def _rollup_drift(client: Client, database: str) -> list[str]:
+    """A rollup whose columns are not what its current SELECT returns (made by another version)."""
+    live = _live_columns(client, database)
+    problems = []
+    for rollup in ROLLUPS.values():
+        have = [(n, t) for n, t, _ in live.get(rollup.name, [])]
+        if not have:
+            continue  # made by apply_schema once the tables match
+        described = client.query(f"DESCRIBE TABLE ({rollup.aggregates(database)[0]})").result_rows
+        want = [(row[0], row[1]) for row in described] + list(rollup.more_columns)
+        if have != want:
+            changed = sorted({c[0] for c in set(have) ^ set(want)})
+            problems.append(f"{rollup.name}: columns differ from its rollup's current SELECT: {changed}")
+    return problems
+
+
+def _live_columns(client: Client, database: str) -> dict[str, list[tuple[str, str, str]]]:
+    rows = client.query(
+        "SELECT table, name, type, compression_codec FROM system.columns WHERE database = {db:String} "
+        "ORDER BY table, position",
+        parameters={"db": database},
+    ).result_rows
+    live: dict[str, list[tuple[str, str, str]]] = {}
+    for table, name, type_, codec in rows:
+        live.setdefault(table, []).append((name, type_, normalise_codec(codec)))
+    return live
+
+
 def watermarks(client: Client) -> dict[tuple[str, int], int]:
     """Highest stored offset per (topic, partition), derived from the data rows themselves."""
     rows = client.query("SELECT topic, partition, max(offset) FROM sink_watermarks GROUP BY topic, partition").result_rows
@@ -119,6 +192,36 @@ def topic_epochs(client: Client) -> dict[str, int]:
     """Per topic, how many times the sink found one of its partitions recreated (sink_topic_resets)."""
     rows = client.query("SELECT topic, count() FROM sink_topic_resets GROUP BY topic").result_rows
     return {topic: int(n) for topic, n in rows}
+
+
+def record_inflight(client: Client, topic: str, token: str, epoch: int, ranges: dict[int, list[int]]) -> None:
+    """The batch about to be inserted (sinks/inflight.py)."""
+    spans = [(p, a, b) for p, (a, b) in sorted(ranges.items())]
+    try:
+        client.insert("sink_inflight", [(datetime.now(timezone.utc), topic, token, epoch, spans)],
+                      column_names=["at", "topic", "token", "epoch", "ranges"], settings={"insert_deduplicate": 0})
+    except Exception as exc:
+        raise as_store_error(exc, "cannot record the batch in flight") from exc
+
+
+def last_inflight(client: Client) -> dict[str, tuple[str, int, dict[int, list[int]]]]:
+    """Per topic, the last batch the sink set out to insert: (token, epoch, offset range per partition)."""
+    rows = client.query("SELECT topic, argMax(token, at), argMax(epoch, at), argMax(ranges, at) FROM sink_inflight "
+                        "GROUP BY topic").result_rows
+    return {topic: (token, int(epoch), {int(p): [int(a), int(b)] for p, a, b in spans})
+            for topic, token, epoch, spans in rows}
+
+
+def record_rack_budgets(client: Client, budgets: dict[str, float]) -> None:
+    """The rack power inventory of the settings, for the rack_1m view (each rack's latest budget counts)."""
+    if not budgets:
+        return
+    now = datetime.now(timezone.utc)
+    try:
+        client.insert("rack_budgets", [(rack, watts, now) for rack, watts in sorted(budgets.items())],
+                      column_names=["rack", "budget_w", "set_at"], settings={"insert_deduplicate": 0})
+    except Exception as exc:
+        raise as_store_error(exc, "cannot record the rack budgets") from exc
 
 
 def reset_watermark(client: Client, topic: str, partition: int, stored: int, log_end: int) -> None:

@@ -1,15 +1,12 @@
-"""Settings of the stream worker process: which stages run, batching, and the rack power inventory."""
+"""Settings of the stream worker process: which stages run, batching, and each stage's rule parameters."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from core.errors import ConfigError
 from core.settings import CommonSettings
 from streams.lifecycle.breaker import BreakerConfig
 from streams.fault_bins.config import FaultBinConfig
@@ -46,8 +43,6 @@ class StreamsSettings(CommonSettings):
     streams_max_crashes: int = Field(default=5, ge=1, description="a stage whose lane crashes this many times within "
                                      "streams_crash_window_s stops the worker (exit 1) instead of looping half-alive")
     streams_crash_window_s: float = Field(default=300.0, gt=0)
-    rack_budgets_w: dict[str, float] = Field(default_factory=dict, description='JSON {"rack": watts}')
-    rack_inventory_file: Path | None = Field(default=None, description='JSON file {"rack": watts}, merged under')
     # Rule parameters, one JSON object each (FLEETPULSE_LIFECYCLE='{"min_dwell_s": 300}'); unset = the defaults
     # documented on each model. Unknown keys fail at start-up with the key named.
     fault_bins: FaultBinConfig = Field(default_factory=FaultBinConfig, description="fault-bin rule parameters")
@@ -61,27 +56,6 @@ class StreamsSettings(CommonSettings):
         if isinstance(value, str):
             return [s.strip() for s in value.split(",") if s.strip()] or None
         return value
-
-    @field_validator("rack_budgets_w")
-    @classmethod
-    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
-        bad = [rack for rack, watts in value.items() if not watts > 0]
-        if bad:
-            raise ValueError(f"budgets must be positive watts; not for {bad}")
-        return value
-
-    def rack_budgets(self) -> dict[str, float]:
-        """The inventory file's budgets, overridden by rack_budgets_w; empty means no rack alerts."""
-        budgets: dict[str, float] = {}
-        if self.rack_inventory_file is not None:
-            try:
-                raw = json.loads(self.rack_inventory_file.read_text())
-                budgets = {str(rack): float(watts) for rack, watts in raw.items()}
-            except (OSError, ValueError, AttributeError, TypeError) as exc:
-                raise ConfigError(f"rack_inventory_file {self.rack_inventory_file}: {exc}") from exc
-            if any(not w > 0 for w in budgets.values()):
-                raise ConfigError(f"rack_inventory_file {self.rack_inventory_file}: budgets must be positive watts")
-        return {**budgets, **self.rack_budgets_w}
 
 
 def streams_settings(settings: CommonSettings | None = None, **overrides) -> StreamsSettings:

@@ -133,6 +133,7 @@ class Evaluation:
         await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
         sink_settings = load(SinkSettings, **{**s.model_dump(include=set(CommonSettings.model_fields)),
                                               "clickhouse_database": self.database, "sink_serve_queries": False,
+                                              "rack_budgets_w": p.scenario.fleet.rack_budgets_w,
                                               "sink_batch_max_seconds": 0.5})
         sink = ClickHouseSink(sink_settings)
         stop_sink = asyncio.Event()

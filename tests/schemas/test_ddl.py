@@ -9,20 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings
 
 from core.errors import DecodeError
-from core.settings import CommonSettings
 from schemas.codec import decode, encode
 from schemas.tables import TABLES
 from sinks import store
 from tests.schemas.strategies import model_dicts
-
-
-@pytest.fixture
-def db(clickhouse_url, clickhouse_database):
-    cfg = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database)
-    client = store.connect(cfg)
-    store.apply_schema(client, cfg)
-    yield client
-    client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")
 
 
 def test_live_tables_match_the_generated_ddl(db, clickhouse_database):

@@ -50,7 +50,8 @@ def test_an_old_store_is_rebuilt_with_every_value_kept(db, clickhouse_url, click
     records = _records()
     names, rows = _old_rows(records)
     db.insert("gpu_samples", rows, column_names=names)
-    assert store.add_missing_columns(db, clickhouse_database)  # as the sink does before it refuses: power_mw, empty
+    # apply_schema (in the fixture, as in the sink before it refuses) added the columns the layout gained, empty
+    assert "power_mw" in migrate.live_columns(db, clickhouse_database, "gpu_samples")
     drift = store.schema_drift(db, clickhouse_database)
     assert any(p.startswith("gpu_samples.") for p in drift) and not any(p.startswith("xid_events") for p in drift)
     sink = ClickHouseSink(SinkSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database))
@@ -62,6 +63,10 @@ def test_an_old_store_is_rebuilt_with_every_value_kept(db, clickhouse_url, click
     assert done == [f"gpu_samples: {len(rows)} rows copied into the current layout"]
     assert store.schema_drift(db, clickhouse_database) == []
     assert migrate.migrate(db, clickhouse_database, "") == []  # nothing left to do
+    # the rollups, made once the tables match, are filled from the rows the store holds
+    store.apply_schema(db, CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database))
+    assert db.query("SELECT sum(samples) FROM gpu_1m").result_rows == [(len(rows),)]
+    assert db.query("SELECT sum(gpu_samples) FROM fleet_1d").result_rows == [(len(rows),)]
     table = TABLES["gpu_samples"]
     fields = [(f, f.column.read_as) for f in table.fields + table.item_fields]
     back = db.query(f"SELECT {', '.join(n for _, n in fields)} FROM gpu_samples").result_rows
@@ -83,14 +88,17 @@ def test_an_old_store_is_rebuilt_with_every_value_kept(db, clickhouse_url, click
     assert old == []
 
 
-def test_the_watermark_view_follows_the_rebuilt_table_and_the_old_one_can_be_kept(db, clickhouse_database):
+def test_the_watermark_and_rollup_views_follow_the_rebuilt_table_and_the_old_one_can_be_kept(
+        db, clickhouse_url, clickhouse_database):
     records = _records()
     names, rows = _old_rows(records)
     db.insert("gpu_samples", rows, column_names=names)
     migrate.migrate(db, clickhouse_database, "", keep_old=True)
+    store.apply_schema(db, CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database))
     table = TABLES["gpu_samples"]
     store.insert(db, "gpu_samples", table.column_names, table.rows(records[0], 0, 10_000), token="after-migration")
     assert store.watermarks(db)[(SAMPLES.name, 0)] == 10_000
+    assert db.query("SELECT sum(gpu_samples) FROM fleet_1d").result_rows == [(len(rows) + len(records[0]["gpus"]),)]
     kept = db.query("SELECT name FROM system.tables WHERE database = {d:String} "
                     "AND startsWith(name, 'gpu_samples__before_')", parameters={"d": clickhouse_database}).result_rows
     assert len(kept) == 1 and db.query(f"SELECT count() FROM {kept[0][0]}").result_rows[0][0] == len(rows)

@@ -13,13 +13,16 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from core.kafka_admin import delete_prefixed
 from schemas.provision import ensure_topics
+from schemas.rollups import ROLLUPS
 from core.settings import load
 from schemas.codec import encode
 from schemas.dead_letter import original
 from schemas.events import XidEvent
 from schemas.telemetry import GpuReading, HostSample
 from schemas.topics import SAMPLES, XID
+from schemas.tables import TABLES
 from sinks import store
+from sinks.batch import Batch
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
@@ -92,6 +95,10 @@ async def test_a_run_of_known_size_lands_exactly_once_and_replays_add_nothing(se
     distinct_records, first_ms = rows_in(settings, provenance)[0]
     assert distinct_records == len(samples) and abs(first_ms / 1000 - now) < 120
 
+    # The rollups saw every row once: each GPU's energy rose 1 kJ a sample, 14 kJ over its 15 samples.
+    rollups = "SELECT sum(samples), sum(energy_j), (SELECT sum(gpu_samples) FROM fleet_1d) FROM gpu_1m"
+    assert rows_in(settings, rollups) == [(expected_rows, 12 * 8 * 14.0, expected_rows)]
+
     # Same group again: offsets were committed after the insert, nothing new to read.
     same = await sink_until(settings, lambda s: False, timeout=4)
     assert same.stats.tables["gpu_samples"].records == 0
@@ -101,6 +108,40 @@ async def test_a_run_of_known_size_lands_exactly_once_and_replays_add_nothing(se
     assert replayed.stats.tables["gpu_samples"].rows == replayed.stats.tables["gpu_samples"].records == 0
     # (records it did fetch before its seek took effect are counted as already stored, never inserted)
     assert rows_in(settings, check)[0][0] == expected_rows
+    assert rows_in(settings, rollups) == [(expected_rows, 12 * 8 * 14.0, expected_rows)]
+
+
+async def test_a_sink_stopped_between_an_insert_and_its_views_stores_the_rest_and_nothing_twice(settings):
+    """The crash the in-flight record is for (sinks/inflight.py): the raw part written, the watermark and rollup views'
+    parts not. Reading on from Kafka's commit would store the raw rows twice under other tokens; from the watermark,
+    the rollups would lose them."""
+    client = store.connect(settings)
+    store.apply_schema(client, settings)
+    now = time.time()
+    samples = [sample(h, s, now) for s in range(5) for h in range(6)]
+    await produce(settings, samples)
+    table, topic = TABLES["gpu_samples"], SAMPLES.full(settings.topic_prefix)
+    batch = Batch(table, topic)
+    for rec in await read_all(settings.bootstrap, topic, SAMPLES.partitions):
+        batch.add(rec.partition, rec.offset, table.rows(orjson.loads(rec.value), rec.partition, rec.offset,
+                                                        rec.timestamp))
+    store.record_inflight(client, topic, batch.token(), 0, batch.ranges)
+    views = ["gpu_samples_watermark_mv"] + [v for r in ROLLUPS.values() if r.source == "gpu_samples"
+                                            for v in r.view_names()]
+    for view in views:
+        client.command(f"DETACH TABLE {view}")
+    store.insert(client, "gpu_samples", table.column_names, batch.rows, batch.token())  # ... and then it was killed
+    for view in views:
+        client.command(f"ATTACH TABLE {view}")
+    assert store.watermarks(client) == {} and rows_in(settings, "SELECT count() FROM gpu_1m") == [(0,)]
+
+    sink = await sink_until(settings, lambda s: False, timeout=8)
+    expected = len(samples) * 8
+    assert sink.stats.tables["gpu_samples"].stored_again == 1  # its raw part a deduplicated no-op, its views written
+    assert rows_in(settings, "SELECT count(), uniqExact(host, seq, gpu_index) FROM gpu_samples") == [(expected,) * 2]
+    assert rows_in(settings, "SELECT sum(samples), (SELECT sum(gpu_samples) FROM fleet_1d) FROM gpu_1m") == \
+        [(expected, expected)]
+    assert sum(1 for (t, _), _ in store.watermarks(client).items() if t == topic) == len(batch.ranges)
 
 
 async def test_poison_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(settings):
@@ -126,10 +167,15 @@ async def test_a_column_the_schemas_gained_is_added_to_an_old_table_in_its_place
     client = store.connect(settings)
     store.apply_schema(client, settings)
     client.command("ALTER TABLE sim_truth DROP COLUMN cause")  # a store from before InjectedFault.cause
+    for rollup in ROLLUPS.values():  # and before the rollups, which read hbm_temp_c
+        for view in rollup.view_names():
+            client.command(f"DROP VIEW {view}")
+        client.command(f"DROP TABLE {rollup.name}")
     client.command("ALTER TABLE gpu_samples DROP COLUMN hbm_temp_c")
     sink = ClickHouseSink(settings)
     await sink.open_store()
     assert store.schema_drift(client, settings.clickhouse_database) == []
+    assert set(ROLLUPS) <= {name for (name,) in client.query("SHOW TABLES").result_rows}
     assert store.add_missing_columns(client, settings.clickhouse_database) == []  # nothing left to add
 
 
@@ -170,6 +216,21 @@ async def test_a_record_the_store_refuses_is_dead_lettered_once_and_the_rest_of_
     again = await sink_until(slow, lambda s: False, timeout=4)
     assert again.stats.tables["gpu_samples"].dead_letters == 0 and again.stats.tables["gpu_samples"].rows == 0
     assert rows_in(settings, "SELECT count() FROM gpu_samples") == [(len(good) * 8,)]
+
+
+async def test_a_table_that_refuses_every_record_dead_letters_them_all_and_says_the_table_may_be_at_fault(
+        settings, caplog):
+    client = store.connect(settings)
+    store.apply_schema(client, settings)
+    client.command("ALTER TABLE gpu_samples ADD CONSTRAINT nothing CHECK power_mw IS NULL")
+    samples = [sample(h, 0, time.time()) for h in range(4)]
+    await produce(settings, samples)
+    slow = settings.model_copy(update={"sink_batch_max_seconds": 3.0})  # the four in one batch
+    with caplog.at_level(logging.ERROR, logger="fleetpulse.sink"):
+        sink = await sink_until(slow, lambda s: s.stats.tables["gpu_samples"].dead_letters >= len(samples))
+    assert (sink.stats.tables["gpu_samples"].rows, sink.stats.tables["gpu_samples"].dead_letters) == (0, 4)
+    assert len(await read_dead_letters(settings, SAMPLES)) == 4
+    assert any("refused every one of 4 records" in r.getMessage() for r in caplog.records)
 
 
 async def test_xids_spanning_more_days_than_one_insert_may_touch_are_all_stored(settings):

@@ -1,5 +1,6 @@
 """The sink killed with SIGKILL ten times at random points while samples keep arriving: restarted each time on the
-same embedded store, it ends with every sample stored exactly once (nothing lost, nothing doubled)."""
+same embedded store, it ends with every sample stored exactly once (nothing lost, nothing doubled), in the raw table
+and in the rollups its views feed."""
 
 from __future__ import annotations
 
@@ -73,9 +74,12 @@ async def test_the_sink_killed_ten_times_while_data_flows_loses_and_doubles_noth
                                                  "kafka_offset), uniqExact(host, seq, gpu_index) FROM gpu_samples")
                 counts = tuple(int(v) for v in answer.split()) if answer else None
                 if counts and counts[0] >= SAMPLES_TOTAL * 8:
+                    rollups = await asyncio.to_thread(ask_owner, asking, "SELECT (SELECT sum(samples) FROM gpu_1m), "
+                                                      "(SELECT sum(gpu_samples) FROM fleet_1d)")
                     break
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0, (tmp_path / "sink.log").read_text()[-3000:]
     # every row once: 8 GPUs per sample, each sample's record once, each (host, seq, GPU) once
     assert counts == (SAMPLES_TOTAL * 8, SAMPLES_TOTAL, SAMPLES_TOTAL * 8)
+    assert tuple(int(v) for v in rollups.split()) == (SAMPLES_TOTAL * 8,) * 2  # and so did the rollups
