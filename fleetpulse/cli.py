@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "breaker": ("fleetpulse.breaker_cli", "show the fleet-wide drain breaker, or reset it after a trip"),
     "sink": ("sinks.cli", "run the ClickHouse sink"),
     "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),
+    "report": ("fleetpulse.report", "the fleet's outcomes over a time range: usable compute, interruptions, drains"),
     "migrate": ("sinks.migrate", "rebuild stored tables whose columns changed since they were made, rows included"),
     "ddl": ("schemas.cli_ddl", "print the ClickHouse DDL generated from the schemas"),
     "schemas": ("schemas.cli_export", "export JSON Schema for every topic"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from schemas.columns import Column
+from schemas.outcome_views import create_outcome_views
 from schemas.rollup_views import create_views
 from schemas.rollups import ROLLUPS
 from schemas.tables import TABLES, Table
@@ -112,12 +113,13 @@ def table_statements(database: str, topic_prefix: str, retention: dict[str, int]
 
 
 def rollup_statements(database: str, retention: dict[str, int] | None) -> list[str]:
-    """Each rollup's table, then the materialized view that feeds it, then the plain views over them."""
+    """Each rollup's table, then the materialized view that feeds it, then the plain views over them and over the
+    derived tables (outcomes)."""
     out = []
     for rollup in ROLLUPS.values():
         ttl = ttl_expression(rollup.time_column, days("rollup", retention))
         out += rollup.create(database, ttl, TABLE_SETTINGS)
-    return out + create_views(database)
+    return out + create_views(database) + create_outcome_views(database)
 
 
 def expected_columns(table: Table) -> list[tuple[str, str, str]]:

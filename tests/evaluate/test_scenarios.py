@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetpulse import report
 from fleetpulse.evaluate.plan import plan_from
 from fleetpulse.evaluate.runner import Evaluation, Progress
 from core.settings import CommonSettings, load
@@ -68,6 +69,12 @@ async def test_llama3_mix_finds_hardware_faults_and_never_drains_for_software(se
     # host out a tick after its fault and returns it after the bot's answers, so the two stay within a point.
     assert r["usable_compute"]["mean_abs_error"] <= 0.01, r["usable_compute"]
     # wall-clock latency is a figure for docs/evaluation.md, not an assertion: this machine is shared
+
+    # `fleetpulse report` over the run's database tells the same story from the store's views alone
+    out = report.build(load(CommonSettings, clickhouse_database=r["database"]), None, None)
+    assert out["drains"]["requested"] == d["requested"], (out["drains"], d)
+    assert out["usable_compute"]["full_minutes_mean"] == pytest.approx(r["usable_compute"]["measured_mean"], abs=0.01)
+    assert out["interruptions"]["total"] > 0 and out["drains"]["returned"] > 0, out
 
 
 async def test_flapping_sensor_changes_node_state_at_most_once_per_dwell(settings_env):

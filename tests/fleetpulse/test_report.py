@@ -1,0 +1,137 @@
+"""`fleetpulse report` on the real engine: a store holding two hours of a small fleet's derived messages (some
+delivered twice, as a restarted worker does) gives each figure worked out by hand below."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from core.settings import CommonSettings
+from fleetpulse import report
+from schemas.tables import TABLES
+from sinks import store
+from tests.conftest import _free_port
+
+D = datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()  # midnight
+M = 60.0
+
+
+def put(client, table: str, records: list[dict]) -> None:
+    t = TABLES[table]
+    rows = [row for off, rec in enumerate(records) for row in t.rows(rec, 0, off, 0)]
+    store.insert(client, table, t.column_names, rows, f"{table}-test")
+
+
+def state(host, to, prev, at, fault_id=None) -> dict:
+    return {"host": host, "state": to, "prev_state": prev, "since": at, "ts": at, "schedulable": to == "healthy",
+            "reason": "test", "evidence": {"fault_id": fault_id} if fault_id else {}}
+
+
+def fault(fault_id, host, code, bin_, at) -> dict:
+    return {"fault_id": fault_id, "ts": at, "host": host, "code": code, "bin": bin_, "rule": "catalog",
+            "first_ts": at, "last_ts": at}
+
+
+@pytest.fixture
+def filled(clickhouse_url, clickhouse_database):
+    cfg = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database,
+                         query_port=_free_port())  # nobody listens: the report opens the store itself
+    client = store.connect(cfg)
+    store.apply_schema(client, cfg)
+    minutes = [{"minute_ts": D + k * M, "nodes": 10, "installed_gpus": 80.0, "schedulable_gpus": 80.0,
+                "usable_gpus": 72.0 if k < 60 else 80.0, "usable_compute": 0.9 if k < 60 else 1.0,
+                "breakdown": {"drained": 0.1 if k < 60 else 0.0}, "breakdown_gpus": {"drained": 8.0 if k < 60 else 0.0}}
+               for k in range(120)]
+    put(client, "usable_compute", minutes + minutes[:5])  # five minutes delivered twice
+    f1 = fault("f1", "h1", "xid:79", "reboot", D + 10 * M)
+    put(client, "faults", [f1, f1, fault("f2", "h2", "xid:48", "reset", D + 20 * M),
+                           fault("f3", "h3", "xid:13", "ignore", D + 30 * M)])
+    put(client, "node_states", [
+        state("h1", "drain_requested", "healthy", D + 10.5 * M, "f1"),
+        state("h1", "drained", "drain_requested", D + 12 * M),
+        state("h1", "repairing", "drained", D + 13 * M), state("h1", "validating", "repairing", D + 30 * M),
+        state("h1", "healthy", "validating", D + 40 * M), state("h1", "healthy", "validating", D + 40 * M),
+        state("h1", "drain_requested", "healthy", D + 70 * M),  # failed again half an hour after its return
+        state("h2", "drain_requested", "healthy", D + 21 * M, "f2"), state("h2", "validating", "repairing", D + 41 * M),
+        state("h2", "healthy", "validating", D + 45 * M),
+    ])
+    put(client, "drain_events", [{"event_id": e, "host": h, "action": "drain", "ts": at, "reason": "test"}
+                                 for e, h, at in (("e1", "h1", D + 10.5 * M), ("e2", "h2", D + 21 * M),
+                                                  ("e3", "h1", D + 70 * M), ("e1", "h1", D + 10.5 * M))])
+    firing = {"status": "firing", "alertname": "GpuThermal", "severity": "warning", "value": 90.0, "threshold": 87.0,
+              "summary": "hot", "host": "h4", "gpu_index": 3}
+    put(client, "alerts", [{**firing, "fingerprint": "a", "ts": D + s, "starts_at": D + s} for s in (300, 300, 3000)]
+        + [{**firing, "status": "resolved", "fingerprint": "a", "ts": D + 400, "starts_at": D + 300}])
+    put(client, "stragglers", [{"ts": D + 61 * M, "job": "j1", "rank": r, "host": f"h{r // 8}",
+                                "window_start": D + 60 * M, "window_end": D + 61 * M, "value": 1.0, "median": 1.0,
+                                "mad": 0.1, "z": 6.0 if r == 9 else 0, "slowdown_pct": 12.0 if r == 9 else 0,
+                                "flagged": r == 9, "windows_flagged": 1, "windows_seen": 1, "job_slowdown_pct": 10.0}
+                               for r in range(16)])
+    yield cfg
+    client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")
+
+
+def test_every_figure_over_two_hours(filled):
+    r = report.build(filled, datetime.fromtimestamp(D, timezone.utc), datetime.fromtimestamp(D + 120 * M, timezone.utc))
+    u = r["usable_compute"]
+    assert (u["minutes"], u["installed_gpu_hours"], u["gpu_weighted"], u["full_minutes_mean"]) == \
+        (120, 160.0, 0.95, 0.95)
+    assert u["per_day"] == [{"day": "2026-11-30", "minutes": 120, "nodes": 10, "usable_compute": 0.95,
+                             "breakdown": {"drained": 0.05}}]
+    i = r["interruptions"]
+    assert (i["total"], i["ignored"], i["hours"]) == (2, 1, 2.0)  # xid:13 is binned ignore: no interruption
+    assert {(b["code"], b["interruptions"], b["mtbi_h"], b["gpu_hours_between"]) for b in i["by_bin_and_cause"]} == \
+        {("xid:79", 1, 2.0, 160.0), ("xid:48", 1, 2.0, 160.0), ("xid:13", 1, 2.0, 160.0)}
+    d = r["drains"]
+    assert (d["requested"], d["hosts"], d["episodes"], d["returned"], d["replaced"]) == (3, 2, 3, 2, 0)
+    # quantiles interpolate between the two episodes' figures (30 and 60 s; 1,170 and 1,200 s; 600 and 240 s)
+    assert d["times"]["fault_to_drain_requested"] == {"n": 2, "p50_s": 45.0, "p95_s": 58.5}
+    assert d["times"]["drain_requested_to_repaired"] == {"n": 2, "p50_s": 1185.0, "p95_s": 1198.5}
+    assert d["times"]["validating_to_returned"] == {"n": 2, "p50_s": 420.0, "p95_s": 582.0}
+    rep = r["repeat_after_repair"]
+    assert (rep["returns"], rep["failed_again"], rep["share"]) == (2, 1, 0.5)
+    assert rep["worst"] == [{"host": "h1", "returns": 1, "failed_again": 1}]
+    assert r["alerts"]["by_name"] == [{"alertname": "GpuThermal", "severity": "warning", "fired": 2,
+                                       "per_1000_gpu_days": 300.0}]  # 2 over 160 GPU-hours = 6.67 GPU-days
+    s = r["stragglers"]
+    assert (s["windows_flagged"], s["jobs"], s["hosts"], s["job_seconds_lost"]) == (1, 1, ["h1"], 6.0)
+    text = report.render(r)
+    assert "usable compute      0.95" in text and "h1: 1 of 1" in text
+
+
+def test_the_default_range_starts_at_the_store_s_first_minute(filled):
+    r = report.build(filled, None, datetime.fromtimestamp(D + 120 * M, timezone.utc))
+    assert r["from"].startswith("2026-11-30T00:00:00") and r["usable_compute"]["minutes"] == 120
+
+
+@pytest.mark.parametrize("doc", ["outcomes.md", "rollups.md"])
+def test_every_query_in_the_analysts_docs_runs(filled, doc):
+    from fleetpulse.query import query
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / doc).read_text()
+    sql = "".join(b.split("```")[0] for b in text.split("```sql\n")[1:])
+    sql = sql.replace("{from}", "toDateTime64('2026-11-30 00:00:00', 3, 'UTC')")
+    sql = sql.replace("{to}", "toDateTime64('2026-11-30 02:00:00', 3, 'UTC')")
+    statements = [s for s in sql.split(";") if s.strip()]
+    assert len(statements) >= 5
+    for statement in statements:
+        query(filled, statement)  # raises StoreError on any error
+
+
+def test_the_command_prints_json_or_a_table_and_refuses_a_bad_time(filled, monkeypatch, capsys):
+    import argparse
+
+    import orjson
+
+    for key, value in (("CLICKHOUSE_URL", filled.clickhouse_url), ("CLICKHOUSE_DATABASE", filled.clickhouse_database),
+                       ("QUERY_PORT", str(filled.query_port))):
+        monkeypatch.setenv(f"FLEETPULSE_{key}", value)
+    args = argparse.Namespace(start="2026-11-30", end="2026-11-30T02:00:00", json=True)
+    assert report.run(args) == 0
+    assert orjson.loads(capsys.readouterr().out)["drains"]["requested"] == 3
+    assert report.run(argparse.Namespace(start="2026-11-30", end=None, json=False)) == 0
+    assert "interruptions       2 in" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not an ISO date or time: 'yesterday'"):
+        report.run(argparse.Namespace(start="yesterday", end=None, json=False))
