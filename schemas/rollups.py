@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 
-# Monotonic counters whose rise per minute the GPU rollup keeps, with the unit their rise is read in.
+# Monotonic counters whose rise per minute the GPU rollup keeps (the gpu_1m view reads energy in J, throttle time in s).
 COUNTERS = (
     "energy_mj", "throttle_power_ns", "throttle_thermal_ns",
     "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate",
