@@ -41,6 +41,11 @@ class CommonSettings(BaseSettings):
         description="http[s]://user:pass@host:port for a server, or chdb:///path; unset = embedded chdb under data_dir",
     )
     clickhouse_database: str = Field(default="default", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    clickhouse_cluster: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="a cluster of the server's remote_servers: replicated tables with Distributed ones over them, "
+                    "every statement ON CLUSTER (docs/cluster.md); needs FLEETPULSE_CLICKHOUSE_URL",
+    )
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
     query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
     query_token: SecretStr | None = Field(default=None, description="bearer token the query endpoint requires")
@@ -96,6 +101,13 @@ class CommonSettings(BaseSettings):
         if self.kafka_replication is not None:
             return self.kafka_replication
         return min(3, self.local_kafka_nodes) if self.uses_local_kafka and self.local_kafka_nodes >= 3 else 1
+
+    @field_validator("clickhouse_cluster")
+    @classmethod
+    def _cluster_needs_server(cls, value: str | None, info) -> str | None:
+        if value and not (info.data.get("clickhouse_url") or "").startswith(("http://", "https://")):
+            raise ValueError("a cluster needs a ClickHouse server: set FLEETPULSE_CLICKHOUSE_URL to one of its nodes")
+        return value
 
     @property
     def retention(self) -> dict[str, int]:

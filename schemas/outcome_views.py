@@ -7,6 +7,8 @@ firing by (fingerprint, starts_at)."""
 
 from __future__ import annotations
 
+from schemas.layout import Layout
+
 USABLE_COMPUTE_1D = """SELECT
     toDate(minute_ts) AS day,
     count() AS minutes,
@@ -62,6 +64,6 @@ OUTCOME_VIEWS: dict[str, str] = {
 }
 
 
-def create_outcome_views(database: str) -> list[str]:
-    return [f"CREATE OR REPLACE VIEW {database}.{name} AS\n{sql.format(db=database)}"
+def create_outcome_views(layout: Layout) -> list[str]:
+    return [f"CREATE OR REPLACE VIEW {layout.database}.{name}{layout.on} AS\n{sql.format(db=layout.database)}"
             for name, sql in OUTCOME_VIEWS.items()]

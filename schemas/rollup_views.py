@@ -6,6 +6,7 @@ rollup table's sort key through the GROUP BY."""
 
 from __future__ import annotations
 
+from schemas.layout import Layout
 from schemas.rollups import COUNTERS, GAUGES
 
 # Counter rises read in the unit an analyst wants; the rest are counts of events.
@@ -111,6 +112,6 @@ VIEWS: dict[str, str] = {
 }
 
 
-def create_views(database: str) -> list[str]:
+def create_views(layout: Layout) -> list[str]:
     """In order: node_1m and rack_1m read gpu_1m."""
-    return [f"CREATE OR REPLACE VIEW {database}.{name} AS\n{sql.format(db=database)}" for name, sql in VIEWS.items()]
+    return [f"CREATE OR REPLACE VIEW {layout.database}.{name}{layout.on} AS\n{sql.format(db=layout.database)}" for name, sql in VIEWS.items()]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schemas.layout import Layout
 from schemas.throttle import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 
 # Monotonic counters whose rise per minute the GPU rollup keeps (the gpu_1m view reads energy in J, throttle time in s).
@@ -47,22 +48,28 @@ class Rollup:
     select: str
     more: tuple[str, ...] = ()
     more_columns: tuple[tuple[str, str], ...] = ()
+    shard_by: str = "host"  # on a cluster, as its source table's (a key's rows merge on one shard)
 
-    def aggregates(self, database: str) -> list[str]:
-        return [sql.format(source=f"{database}.{self.source}") for sql in (self.select, *self.more)]
+    def aggregates(self, database: str, source: str | None = None) -> list[str]:
+        """The SELECTs, reading `source` (default: the raw table by its name)."""
+        source = source or f"{database}.{self.source}"
+        return [sql.format(source=source) for sql in (self.select, *self.more)]
 
     def view_names(self) -> list[str]:
         return [f"{self.name}_mv"] + [f"{self.name}_mv{k}" for k in range(2, len(self.more) + 2)]
 
-    def create(self, database: str, ttl: str, settings: str) -> list[str]:
-        """The table (made from `select`, its columns the SELECT's), its further columns, and the views feeding it."""
-        here = f"{database}.{self.name}"
-        out = [f"CREATE TABLE IF NOT EXISTS {here}\nENGINE = AggregatingMergeTree\n"
+    def create(self, layout: Layout, ttl: str, settings: str) -> list[str]:
+        """The table (made from `select`, its columns the SELECT's), its further columns, its Distributed table on a
+        cluster, and the views feeding it (on a cluster each shard's views read its own rows)."""
+        here, on = layout.local(self.name), layout.on
+        out = [f"CREATE TABLE IF NOT EXISTS {here}{on}\nENGINE = {layout.engine('AggregatingMergeTree', self.name)}\n"
                f"PARTITION BY toYYYYMM({self.time_column})\nORDER BY ({', '.join(self.order_by)})\n"
-               f"TTL {ttl}\nSETTINGS {settings}\nEMPTY AS {self.aggregates(database)[0]}"]
-        out += [f"ALTER TABLE {here} ADD COLUMN IF NOT EXISTS `{name}` {type_}" for name, type_ in self.more_columns]
-        return out + [f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{view} TO {here}\nAS {sql}"
-                      for view, sql in zip(self.view_names(), self.aggregates(database))]
+               f"TTL {ttl}\nSETTINGS {settings}\nEMPTY AS {self.aggregates(layout.database)[0]}"]
+        out += [f"ALTER TABLE {here}{on} ADD COLUMN IF NOT EXISTS `{name}` {type_}" for name, type_ in self.more_columns]
+        out += layout.distributed(self.name, f"cityHash64({self.shard_by})")
+        sources = self.aggregates(layout.database, layout.local(self.source))
+        return out + [f"CREATE MATERIALIZED VIEW IF NOT EXISTS {layout.database}.{view}{on} TO {here}\nAS {sql}"
+                      for view, sql in zip(self.view_names(), sources)]
 
     def backfill(self, database: str, sql: str, columns: list[str]) -> str:
         """One of the SELECTs over the rows already stored, into the `columns` it returns."""
@@ -151,8 +158,8 @@ ROLLUPS: dict[str, Rollup] = {
         Rollup("rollup_gpu_1m", "gpu_samples", ("cluster", "rack", "host", "gpu_index", "gpu_uuid", "minute"),
                "minute", _gpu_minute_select(), more=(_gpu_previous_minute_select(),),
                more_columns=tuple((f"{c}_prev", LAST_READING) for c in COUNTERS)),
-        Rollup("rollup_fleet_1d", "gpu_samples", ("cluster", "day"), "day", FLEET_DAY_SELECT),
+        Rollup("rollup_fleet_1d", "gpu_samples", ("cluster", "day"), "day", FLEET_DAY_SELECT, shard_by="cluster"),
         Rollup("rollup_job_window", "stragglers", ("job", "metric", "window_start"), "window_start",
-               JOB_WINDOW_SELECT),
+               JOB_WINDOW_SELECT, shard_by="job"),
     ]
 }

@@ -88,6 +88,7 @@ class Table:
     count_column: str | None = None
     provenance: tuple[Column, ...] = PROVENANCE
     ingested_at: Column = INGESTED_AT
+    shard_by: str = "host"  # on a cluster, the column whose hash picks a row's shard (schemas/layout.py)
 
     @property
     def columns(self) -> list[Column]:
@@ -145,8 +146,8 @@ class Table:
         return (partition, offset, kafka_ts_ms if lag_at is None else kafka_ts_ms - head[lag_at])
 
 
-def _flat(name: str, topic: t.Topic, order_by: tuple[str, ...], tier: str) -> Table:
-    return Table(name, topic, _fields(topic.model), order_by, tier)
+def _flat(name: str, topic: t.Topic, order_by: tuple[str, ...], tier: str, shard_by: str = "host") -> Table:
+    return Table(name, topic, _fields(topic.model), order_by, tier, shard_by=shard_by)
 
 
 GPU_RENAME = {"index": "gpu_index", "uuid": "gpu_uuid", "model": "gpu_model"}
@@ -161,16 +162,17 @@ TABLES: dict[str, Table] = {
             provenance=PER_GPU_PROVENANCE, ingested_at=INGESTED_AT_S,
         ),
         _flat("xid_events", t.XID, ("host", "ts", "code"), "events"),
-        Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), "telemetry", items="ranks"),
+        Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), "telemetry", items="ranks",
+              shard_by="job"),  # a job's ranks on one shard: its straggler windows are whole there
         _flat("health_scores", t.HEALTH, ("host", "ts"), "scores"),
         _flat("faults", t.FAULTS, ("host", "ts", "code"), "events"),
-        _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), "scores"),
-        _flat("alerts", t.ALERTS, ("alertname", "fingerprint", "ts"), "events"),
+        _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), "scores", shard_by="job"),
+        _flat("alerts", t.ALERTS, ("alertname", "fingerprint", "ts"), "events", shard_by="fingerprint"),
         _flat("node_states", t.NODE_STATE, ("host", "ts"), "events"),
         _flat("drain_events", t.DRAIN, ("host", "ts"), "events"),
         _flat("remediation_results", t.REMEDIATION, ("host", "ts"), "events"),
         Table("usable_compute", t.USABLE, _fields(t.USABLE.model), ("scope", "minute_ts"), "events",
-              time_column="minute_ts"),
+              time_column="minute_ts", shard_by="scope"),
         _flat("sim_truth", t.TRUTH, ("run_id", "ts", "host"), "events"),
     ]
 }

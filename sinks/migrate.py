@@ -21,6 +21,7 @@ from clickhouse_connect.driver.client import Client
 from core.errors import StoreError
 from schemas.columns import INTEGER_TYPES, Column, inner_type
 from schemas.ddl import create_table, create_watermark_view
+from schemas.layout import Layout
 from schemas.rollups import ROLLUPS, Rollup
 from schemas.tables import TABLES, Table
 from sinks import store
@@ -50,7 +51,7 @@ def rebuild(client: Client, database: str, table: Table, topic_prefix: str, keep
     pairs = [(name, expr) for name, expr in pairs if expr is not None]
     new, old = f"{table.name}__migrating", f"{table.name}__before_{datetime.now(timezone.utc):%Y%m%d%H%M%S}"
     client.command(f"DROP TABLE IF EXISTS {database}.{new}")
-    client.command(create_table(table, database).replace(f"{database}.{table.name}\n", f"{database}.{new}\n", 1))
+    client.command(create_table(table, Layout(database)).replace(f"{database}.{table.name}\n", f"{database}.{new}\n", 1))
     client.command(f"INSERT INTO {database}.{new} ({', '.join(f'`{n}`' for n, _ in pairs)}) "
                    f"SELECT {', '.join(e for _, e in pairs)} FROM {database}.{table.name}",
                    settings={"max_partitions_per_insert_block": 0, "insert_deduplicate": 0})
@@ -61,7 +62,7 @@ def rebuild(client: Client, database: str, table: Table, topic_prefix: str, keep
     here = f"{database}.{table.name}"
     client.command(f"RENAME TABLE {here} TO {database}.{old}, {database}.{new} TO {here}")
     client.command(f"DROP VIEW IF EXISTS {database}.{table.name}_watermark_mv")  # it followed the old table
-    client.command(create_watermark_view(table, database, topic_prefix))
+    client.command(create_watermark_view(table, Layout(database), topic_prefix))
     for rollup in ROLLUPS.values():  # so did the rollups' views: apply_schema makes them again on the new table
         if rollup.source == table.name:
             for view in rollup.view_names():
@@ -109,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     from core.settings import CommonSettings, load
 
     settings = load(CommonSettings)
+    if settings.clickhouse_cluster:
+        raise StoreError(f"fleetpulse migrate rebuilds tables on one server; cluster {settings.clickhouse_cluster}'s "
+                         "tables are rebuilt shard by shard as docs/cluster.md describes")
     client = store.connect(settings)
     store.apply_schema(client, settings)
     done = migrate(client, settings.clickhouse_database, settings.topic_prefix, keep_old=args.keep_old)

@@ -102,7 +102,8 @@ class ClickHouseSink:
         self.client = await self.db(store.connect, self.settings)
         for stmt in await self.db(store.apply_schema, self.client, self.settings):
             log.warning("schema migration: %s", stmt)
-        drift = await self.db(store.schema_drift, self.client, self.settings.clickhouse_database)
+        drift = await self.db(store.schema_drift, self.client, self.settings.clickhouse_database,
+                              self.settings.clickhouse_cluster)
         if drift:
             raise StoreError("live tables differ from the schemas: " + "; ".join(drift)
                              + " (`fleetpulse migrate` rebuilds them in the current layout, with their rows)")
@@ -186,7 +187,8 @@ class ClickHouseSink:
             stored, end = marks[(tp.topic, tp.partition)], ends.get(tp)
             if end is None or stored < end:
                 continue
-            await self.db(store.reset_watermark, self.client, tp.topic, tp.partition, stored, end)
+            await self.db(store.reset_watermark, self.client, tp.topic, tp.partition, stored, end,
+                          store.layout(self.settings))
             del marks[(tp.topic, tp.partition)]
             batch = self.batches[tp.topic]
             batch.epoch += 1

@@ -13,6 +13,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 from core.errors import StoreError
 from core.settings import CommonSettings
 from schemas.ddl import days, expected_columns, normalise_codec, rollup_statements, table_statements, ttl_expression
+from schemas.layout import Layout
 from schemas.rollups import ROLLUPS
 from schemas.tables import TABLES
 from sinks.query_guard import QueryLimits, guarded, split
@@ -28,12 +29,18 @@ BAD_ROW_CODES = {6, 27, 38, 41, 53, 69, 70, 72, 117, 131, 321, 349, 469}
 # Code 252 is also "too many parts", which waiting mends; this one only a smaller insert does.
 TOO_MANY_PARTITIONS = "Too many partitions for single INSERT block"
 
-# Explicit on every insert: ClickHouse >= 26.2 changed the defaults (async inserts, deduplication).
+# Explicit on every insert: ClickHouse >= 26.2 changed the defaults (async inserts, deduplication). On a cluster the
+# insert into a Distributed table returns once every shard stored its rows, under the same token (docs/cluster.md).
 INSERT_SETTINGS = {
     "async_insert": 0,
     "insert_deduplicate": 1,
     "deduplicate_blocks_in_dependent_materialized_views": 1,
+    "distributed_foreground_insert": 1,
 }
+
+
+def layout(settings: CommonSettings) -> Layout:
+    return Layout(settings.clickhouse_database, settings.clickhouse_cluster)
 
 
 def connect(settings: CommonSettings) -> Client:
@@ -55,14 +62,15 @@ def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
     was made (returned, for the log). While the tables match the schemas, the rollups are made too (a rollup new to a
     store that holds rows is filled from them) and a retention changed in the settings is applied; a table that
     differs in another way is left for schema_drift to report and `fleetpulse migrate` to rebuild."""
-    database = settings.clickhouse_database
-    existed = _tables(client, database)
-    for stmt in table_statements(database, settings.topic_prefix, settings.retention):
+    shape = layout(settings)
+    database = shape.database
+    existed = _tables(client, shape)
+    for stmt in table_statements(shape, settings.topic_prefix, settings.retention):
         _command(client, stmt, f"DDL failed: {stmt.splitlines()[0]}")
-    added = add_missing_columns(client, database)
-    if _table_drift(client, database):
+    added = add_missing_columns(client, database, shape.cluster)
+    if _table_drift(client, shape):
         return added
-    for stmt in rollup_statements(database, settings.retention):
+    for stmt in rollup_statements(shape, settings.retention):
         _command(client, stmt, f"DDL failed: {stmt.splitlines()[0]}")
     for rollup in ROLLUPS.values():
         if rollup.name not in existed and rollup.source in existed:
@@ -70,16 +78,25 @@ def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
             for sql in rollup.aggregates(database):
                 columns = [row[0] for row in client.query(f"DESCRIBE TABLE ({sql})").result_rows]
                 _command(client, rollup.backfill(database, sql, columns), f"filling {rollup.name} failed")
-    for table, ttl in _retention_changes(client, settings):
+    for table, ttl in _retention_changes(client, settings, shape):
         log.info("retention of %s is now %s", table, ttl)
-        _command(client, f"ALTER TABLE {database}.{table} MODIFY TTL {ttl}",
+        _command(client, f"ALTER TABLE {shape.local(table)}{shape.on} MODIFY TTL {ttl}",
                  f"changing the retention of {table} failed")
     return added
 
 
-def _tables(client: Client, database: str) -> set[str]:
-    rows = client.query("SELECT name FROM system.tables WHERE database = {db:String}", parameters={"db": database})
-    return {name for (name,) in rows.result_rows}
+def _tables(client: Client, shape: Layout) -> set[str]:
+    """The tables that keep rows, by the name the sink and analysts use (on a cluster, those with a local table)."""
+    rows = client.query("SELECT name FROM system.tables WHERE database = {db:String}",
+                        parameters={"db": shape.database})
+    return {kept for (name,) in rows.result_rows if (kept := _kept(shape, name))}
+
+
+def _kept(shape: Layout, stored: str) -> str | None:
+    """The name whose rows the table `stored` keeps: itself on one server, `x` for `x_local` on a cluster."""
+    if not shape.cluster:
+        return stored
+    return stored.removesuffix("_local") if stored.endswith("_local") else None
 
 
 def _command(client: Client, stmt: str, context: str) -> None:
@@ -89,11 +106,11 @@ def _command(client: Client, stmt: str, context: str) -> None:
         raise as_store_error(exc, context) from exc
 
 
-def _retention_changes(client: Client, settings: CommonSettings) -> list[tuple[str, str]]:
+def _retention_changes(client: Client, settings: CommonSettings, shape: Layout) -> list[tuple[str, str]]:
     """(table, TTL expression) for every table whose live retention differs from the settings'."""
     rows = client.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
-                        parameters={"db": settings.clickhouse_database}).result_rows
-    live = {name: m.group(1) for name, engine in rows if (m := _TTL_DAYS.search(engine))}
+                        parameters={"db": shape.database}).result_rows
+    live = {kept: m.group(1) for name, engine in rows if (kept := _kept(shape, name)) and (m := _TTL_DAYS.search(engine))}
     want = {t.name: (t.time_column, days(t.tier, settings.retention)) for t in TABLES.values()}
     want |= {r.name: (r.time_column, days("rollup", settings.retention)) for r in ROLLUPS.values()}
     return [(name, ttl_expression(column, n)) for name, (column, n) in want.items()
@@ -103,41 +120,39 @@ def _retention_changes(client: Client, settings: CommonSettings) -> list[tuple[s
 _TTL_DAYS = re.compile(r"\bTTL .*?toIntervalDay\((\d+)\)")
 
 
-def add_missing_columns(client: Client, database: str) -> list[str]:
+def add_missing_columns(client: Client, database: str, cluster: str | None = None) -> list[str]:
     """The one migration applied by itself: columns the schemas gained since a table was created are added in
-    their place (old rows read the type's default). Returns the statements run; any other difference (a type, a
-    codec, a dropped or reordered column) is left for schema_drift to refuse."""
-    rows = client.query("SELECT table, name FROM system.columns WHERE database = {db:String}",
-                        parameters={"db": database}).result_rows
-    live: dict[str, set[str]] = {}
-    for table, name in rows:
-        live.setdefault(table, set()).add(name)
+    their place (old rows read the type's default); on a cluster to the local and the Distributed tables. Returns the
+    statements run; any other difference (a type, a codec, a dropped or reordered column) is left for schema_drift to
+    refuse."""
+    shape = Layout(database, cluster)
+    live = _live_columns(client, shape)
     applied = []
     for table in TABLES.values():
-        have = live.get(table.name)
+        have = {name for name, _, _ in live.get(table.name, [])}
         if not have:
             continue
         prev = None
         for col in table.columns:
             if col.name not in have:
-                stmt = (f"ALTER TABLE {database}.{table.name} ADD COLUMN IF NOT EXISTS {col.ddl()} "
-                        + (f"AFTER `{prev}`" if prev else "FIRST"))
-                try:
-                    client.command(stmt)
-                except Exception as exc:
-                    raise as_store_error(exc, f"migration failed: {stmt}") from exc
-                applied.append(stmt)
+                where = f"AFTER `{prev}`" if prev else "FIRST"
+                targets = [shape.local(table.name)] + ([f"{database}.{table.name}"] if cluster else [])
+                for target in targets:
+                    stmt = f"ALTER TABLE {target}{shape.on} ADD COLUMN IF NOT EXISTS {col.ddl()} {where}"
+                    _command(client, stmt, f"migration failed: {stmt}")
+                    applied.append(stmt)
             prev = col.name
     return applied
 
 
-def schema_drift(client: Client, database: str) -> list[str]:
+def schema_drift(client: Client, database: str, cluster: str | None = None) -> list[str]:
     """Differences between the live tables and rollups and the generated DDL; empty when they match."""
-    return _table_drift(client, database) + _rollup_drift(client, database)
+    shape = Layout(database, cluster)
+    return _table_drift(client, shape) + _rollup_drift(client, shape)
 
 
-def _table_drift(client: Client, database: str) -> list[str]:
-    live = _live_columns(client, database)
+def _table_drift(client: Client, shape: Layout) -> list[str]:
+    live = _live_columns(client, shape)
     problems = []
     for table in TABLES.values():
         want = [(n, t, normalise_codec(c)) for n, t, c in expected_columns(table)]
@@ -154,15 +169,15 @@ def _table_drift(client: Client, database: str) -> list[str]:
     return problems
 
 
-def _rollup_drift(client: Client, database: str) -> list[str]:
+def _rollup_drift(client: Client, shape: Layout) -> list[str]:
     """A rollup whose columns are not what its current SELECT returns (made by another version)."""
-    live = _live_columns(client, database)
+    live = _live_columns(client, shape)
     problems = []
     for rollup in ROLLUPS.values():
         have = [(n, t) for n, t, _ in live.get(rollup.name, [])]
         if not have:
             continue  # made by apply_schema once the tables match
-        described = client.query(f"DESCRIBE TABLE ({rollup.aggregates(database)[0]})").result_rows
+        described = client.query(f"DESCRIBE TABLE ({rollup.aggregates(shape.database)[0]})").result_rows
         want = [(row[0], row[1]) for row in described] + list(rollup.more_columns)
         if have != want:
             changed = sorted({c[0] for c in set(have) ^ set(want)})
@@ -170,15 +185,17 @@ def _rollup_drift(client: Client, database: str) -> list[str]:
     return problems
 
 
-def _live_columns(client: Client, database: str) -> dict[str, list[tuple[str, str, str]]]:
+def _live_columns(client: Client, shape: Layout) -> dict[str, list[tuple[str, str, str]]]:
+    """(name, type, codec) per column of each table that keeps rows (on a cluster, the local tables)."""
     rows = client.query(
         "SELECT table, name, type, compression_codec FROM system.columns WHERE database = {db:String} "
         "ORDER BY table, position",
-        parameters={"db": database},
+        parameters={"db": shape.database},
     ).result_rows
     live: dict[str, list[tuple[str, str, str]]] = {}
     for table, name, type_, codec in rows:
-        live.setdefault(table, []).append((name, type_, normalise_codec(codec)))
+        if kept := _kept(shape, table):
+            live.setdefault(kept, []).append((name, type_, normalise_codec(codec)))
     return live
 
 
@@ -224,15 +241,20 @@ def record_rack_budgets(client: Client, budgets: dict[str, float]) -> None:
         raise as_store_error(exc, "cannot record the rack budgets") from exc
 
 
-def reset_watermark(client: Client, topic: str, partition: int, stored: int, log_end: int) -> None:
+def reset_watermark(client: Client, topic: str, partition: int, stored: int, log_end: int,
+                    shape: Layout | None = None) -> None:
     """Record that `topic`[`partition`] was recreated (it ends at `log_end`, at or below the `stored` watermark), then
     drop its watermark, so its records are stored as new ones. In that order: should the sink stop between the two, it
     finds the same partition again on its next start and records a second reset, never loses one."""
     try:
         client.insert("sink_topic_resets", [(datetime.now(timezone.utc), topic, partition, stored, log_end)],
                       column_names=["at", "topic", "partition", "stored_before", "log_end"])
-        client.command("ALTER TABLE sink_watermarks DELETE WHERE topic = {t:String} AND partition = {p:UInt16}",
-                       parameters={"t": topic, "p": partition}, settings={"mutations_sync": 2})
+        if shape is None or not shape.cluster:
+            client.command("ALTER TABLE sink_watermarks DELETE WHERE topic = {t:String} AND partition = {p:UInt16}",
+                           parameters={"t": topic, "p": partition}, settings={"mutations_sync": 2})
+        else:  # every shard's watermarks; a topic name is [A-Za-z0-9._-] (Kafka's own rule), safe in quotes
+            client.command(f"ALTER TABLE {shape.local('sink_watermarks')}{shape.on} DELETE WHERE topic = '{topic}' "
+                           f"AND partition = {int(partition)}", settings={"mutations_sync": 2})
     except Exception as exc:
         raise as_store_error(exc, f"cannot reset the watermark of {topic}[{partition}]") from exc
 

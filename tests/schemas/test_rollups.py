@@ -139,8 +139,9 @@ def test_replayed_batches_change_no_rollup_and_no_table(db):
     assert snapshot(db) == before
 
 
-def test_job_windows_keep_the_flagged_ranks_and_their_hosts(db):
-    rows, cols = [], TABLES["stragglers"].column_names
+def straggler_rows() -> list[tuple]:
+    """One job's 8 ranks over three windows; rank 5 (on host h1) flagged in each."""
+    rows = []
     for window in range(3):
         for rank in range(8):
             rec = {"ts": START + 60 * window + 60, "job": "j1", "rank": rank, "host": f"h{rank // 4}",
@@ -148,12 +149,15 @@ def test_job_windows_keep_the_flagged_ranks_and_their_hosts(db):
                    "median": 1.0, "mad": 0.1, "z": 5.0 if rank == 5 else 0.1, "slowdown_pct": 20.0 if rank == 5 else 0,
                    "flagged": rank == 5, "windows_flagged": 1, "windows_seen": 1, "job_slowdown_pct": 16.0}
             rows += TABLES["stragglers"].rows(rec, partition=0, offset=len(rows), kafka_ts_ms=0)
-    store.insert(db, "stragglers", cols, rows, "stragglers|0:0-23")
+    return rows
+
+
+def test_job_windows_keep_the_flagged_ranks_and_their_hosts(db):
+    store.insert(db, "stragglers", TABLES["stragglers"].column_names, straggler_rows(), "stragglers|0:0-23")
     got = db.query("SELECT window_start, ranks, ranks_flagged, hosts_flagged, z_max, job_slowdown_pct "
                    "FROM job_windows ORDER BY window_start").result_rows
     assert [r[1:] for r in got] == [(8, 1, ["h1"], 5.0, 16.0)] * 3
     assert got[0][0] == datetime.fromtimestamp(START, timezone.utc).replace(tzinfo=None)
-
 
 
 def test_a_store_made_before_the_rollups_has_them_filled_from_its_rows(db, clickhouse_url, clickhouse_database):
