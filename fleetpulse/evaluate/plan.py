@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from agents.simulator.scenario import parse_scenario, resolve_path
 from core.errors import ConfigError
+from fleetpulse.evaluate.bot import BotConfig
 from fleetpulse.evaluate.runner import Plan
 
 PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker")
@@ -72,6 +73,17 @@ def pipeline_env(pipeline: dict[str, dict]) -> dict[str, str]:
     return env
 
 
+def bot_config(values: dict) -> BotConfig:
+    """The scenario's bot block, checked now with the field named."""
+    from pydantic import ValidationError
+
+    try:
+        return BotConfig.model_validate(values)
+    except ValidationError as exc:
+        where = "; ".join(f"bot.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"scenario {where}") from None
+
+
 def plan_from(ref: str, overrides: Sequence[str] = (), *, seed: int | None = None, **options) -> Plan:
     """The Plan for scenario `ref` (a shipped name or a file) after `overrides`; options go to Plan."""
     doc = load_document(ref)
@@ -79,6 +91,8 @@ def plan_from(ref: str, overrides: Sequence[str] = (), *, seed: int | None = Non
         apply_override(doc, assignment)
     scenario = parse_scenario(doc, ref)
     run = scenario.plan(seed=seed)
+    if options.get("bot") is None:
+        options["bot"] = bot_config(scenario.bot)
     return Plan(scenario=scenario, hosts=run.hosts, duration_s=run.duration_s, interval_s=run.interval_s,
                 nccl_interval_s=run.nccl_interval_s, seed=run.seed, streams_env=pipeline_env(scenario.pipeline),
                 **{k: v for k, v in options.items() if v is not None})

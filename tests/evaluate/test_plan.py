@@ -42,3 +42,11 @@ def test_pipeline_block_becomes_worker_variables_and_a_typo_is_named():
         plan_from("drain-storm", ['pipeline.breaker={"max_share": 10}'])
     with pytest.raises(ConfigError, match="pipeline.kafka: not one of"):
         plan_from("drain-storm", ['pipeline.kafka={}'])
+
+
+def test_bot_block_sets_the_simulated_bots_delays_and_a_typo_is_named():
+    plan = plan_from("demo")
+    assert plan.bot.drain_s == 5 and plan.bot.repair_s["reset"] == 10 and plan.bot.out_s("reset") == 27
+    assert plan_from("drain-storm").bot.drain_s == 60  # no bot block: production-like defaults
+    with pytest.raises(ConfigError, match="bot.drain: Extra inputs"):
+        plan_from("demo", ['bot={"drain": 5}'])

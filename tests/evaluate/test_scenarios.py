@@ -4,14 +4,21 @@ full 2,048-host figures are quoted in docs/evaluation.md)."""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
 import pytest
 
 from fleetpulse import report
+from fleetpulse.query import query
 from fleetpulse.evaluate.plan import plan_from
 from fleetpulse.evaluate.runner import Evaluation, Progress
 from core.settings import CommonSettings, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def evaluate(name: str, *overrides: str, **options) -> dict:
@@ -109,3 +116,34 @@ async def test_killed_worker_resumes_node_states_and_loses_no_fault_event(settin
     assert r["pace"]["worker_restarts"] == 1
     assert r["transitions"]["chain_breaks"] == 0, r["transitions"]
     assert r["hardware"]["recall"] >= 0.95, r["hardware"]
+
+
+async def test_demo_shows_alerts_a_drain_and_return_a_straggler_and_fills_every_grafana_panel(settings_env):
+    """`fleetpulse up`'s default scenario: every part of the loop happens, and every panel of the Grafana dashboard as
+    shipped (deploy/grafana), its macros expanded as the data source expands them, runs on the store and returns rows."""
+    r = await evaluate("demo")
+    landed_in_full(r)
+    assert {"GpuTempSlowdown", "GpuHwThermalSlowdown"} <= set(r["alerts"]["firing"]), r["alerts"]
+    d = r["drains"]
+    assert d["requested"] == d["true"] == d["hardware_drained"] == 1 and d["false"] == 0, d
+    s = r["stragglers"]
+    assert s["flagged_expected"] == s["expected"] == 2 and s["other_ranks_flagged"] == 0, s
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    returned = _rows(settings, "SELECT count() AS n FROM node_episodes WHERE returned_at IS NOT NULL")
+    assert returned == [{"n": "1"}] or returned == [{"n": 1}], returned
+
+    from fleetpulse.grafana import files
+    from fleetpulse.panels import expand
+
+    shipped = json.loads((ROOT / "deploy/grafana/dashboards/fleetpulse-fleet.json").read_text())
+    assert shipped == json.loads(files()["dashboards/fleetpulse-fleet.json"])
+    span = _rows(settings, "SELECT toUnixTimestamp(min(ts)) AS lo, toUnixTimestamp(max(ts)) + 1 AS hi FROM gpu_samples")
+    lo, hi = (datetime.fromtimestamp(int(span[0][k]), timezone.utc) for k in ("lo", "hi"))
+    for panel in shipped["panels"]:
+        sql = expand(panel["targets"][0]["rawSql"], lo, hi, 60)
+        rows = _rows(settings, sql)
+        assert rows, f"panel {panel['title']!r} returned no rows:\n{sql}"
+
+
+def _rows(settings: CommonSettings, sql: str) -> list[dict]:
+    return orjson.loads(query(settings, f"{sql}\nFORMAT JSON"))["data"]
