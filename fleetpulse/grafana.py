@@ -15,10 +15,11 @@ DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 DASHBOARD_UID = "fleetpulse-fleet"
 HEIGHT = 8
 # sqlutil.FormatQueryOption of the Grafana plugin SDK: 0 time series, 1 table.
-FORMATS = {"timeseries": 0, "table": 1, "stat": 1, "bar": 1}
-PANEL_TYPES = {"timeseries": "timeseries", "table": "table", "stat": "stat", "bar": "barchart"}
+FORMATS = {"timeseries": 0, "table": 1, "stat": 1, "bar": 1, "heatmap": 1}
+PANEL_TYPES = {"timeseries": "timeseries", "table": "table", "stat": "stat", "bar": "barchart", "heatmap": "table"}
 
-DATASOURCE_YAML = f"""# Grafana provisioning: the store as a ClickHouse data source (plugin grafana-clickhouse-datasource >= 4).
+DATASOURCE_YAML = f"""# Grafana provisioning: the store as a ClickHouse data source
+# (plugin grafana-clickhouse-datasource >= 4).
 # Grafana expands the ${{...}} variables from its environment. Give it a read-only ClickHouse user.
 apiVersion: 1
 datasources:
@@ -36,7 +37,7 @@ datasources:
       password: ${{FLEETPULSE_GRAFANA_CLICKHOUSE_PASSWORD}}
 """
 
-PROVIDER_YAML = """# Grafana provisioning: the fleetpulse dashboards, read from the folder the dashboards JSON is mounted on.
+PROVIDER_YAML = """# Grafana provisioning: the fleetpulse dashboards, from the folder their JSON is mounted on.
 apiVersion: 1
 providers:
   - name: fleetpulse

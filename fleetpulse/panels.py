@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 class Panel:
     name: str
     title: str
-    kind: str  # timeseries, table, stat, bar
+    kind: str  # timeseries, table, stat, bar, heatmap (a host x GPU grid on the page, a table in Grafana)
     sql: str
     description: str
     unit: str = ""
@@ -99,7 +99,7 @@ FROM node_1m WHERE $__timeFilter(minute) GROUP BY time, host ORDER BY time, host
 SELECT $__timeInterval(minute) AS time, host, avg(power_w) AS power_w
 FROM node_1m WHERE $__timeFilter(minute) GROUP BY time, host ORDER BY time, host""",
           "Mean board power of each node's GPUs together (W).", "watt"),
-    Panel("gpu_heatmap", "GPU temperature and power, fleet", "table", """
+    Panel("gpu_heatmap", "GPU temperature and power, fleet", "heatmap", """
 SELECT host, gpu_index, round(avg(gpu_temp_c_avg), 1) AS gpu_temp_c, max(gpu_temp_c_max) AS gpu_temp_c_max,
        round(avg(power_w_avg)) AS power_w, round(max(throttled_share), 3) AS throttled_share
 FROM gpu_1m WHERE $__timeFilter(minute) GROUP BY host, gpu_index ORDER BY host, gpu_index""",
@@ -119,9 +119,9 @@ SELECT $__timeInterval(minute) AS time, avg(sm_clock_mhz_avg) AS sm_clock_mhz, a
 FROM gpu_1m WHERE $__timeFilter(minute) GROUP BY time ORDER BY time""",
           "Fleet means of the SM clock (MHz) and framebuffer used (MiB)."),
     Panel("errors", "ECC, row remaps, PCIe and NVLink errors", "timeseries", """
-SELECT $__timeInterval(minute) AS time, sum(ecc_sbe_volatile_delta) AS ecc_sbe, sum(ecc_dbe_volatile_delta) AS ecc_dbe,
-       sum(remapped_rows_uncorrectable_delta) AS rows_remapped_uncorrectable, sum(pcie_replay_count_delta) AS pcie_replays,
-       sum(nvlink_crc_errors_delta) AS nvlink_crc
+SELECT $__timeInterval(minute) AS time, sum(ecc_sbe_volatile_delta) AS ecc_sbe,
+       sum(ecc_dbe_volatile_delta) AS ecc_dbe, sum(remapped_rows_uncorrectable_delta) AS rows_remapped_uncorrectable,
+       sum(pcie_replay_count_delta) AS pcie_replays, sum(nvlink_crc_errors_delta) AS nvlink_crc
 FROM node_1m WHERE $__timeFilter(minute) GROUP BY time ORDER BY time""",
           "Counter rises per bucket, fleet-wide."),
     Panel("stragglers", "Straggler windows", "table", """

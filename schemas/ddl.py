@@ -112,7 +112,8 @@ def table_statements(layout: Layout, topic_prefix: str, retention: dict[str, int
     out = [f"CREATE DATABASE IF NOT EXISTS {layout.database}{layout.on}", *create_watermarks(layout),
            *create_resets(layout), *create_inflight(layout), *create_rack_budgets(layout)]
     for table in TABLES.values():
-        out += [create_table(table, layout, retention), *layout.distributed(table.name, f"cityHash64({table.shard_by})"),
+        shard_by = f"cityHash64({table.shard_by})"
+        out += [create_table(table, layout, retention), *layout.distributed(table.name, shard_by),
                 create_watermark_view(table, layout, topic_prefix)]
     return out
 

@@ -114,4 +114,5 @@ VIEWS: dict[str, str] = {
 
 def create_views(layout: Layout) -> list[str]:
     """In order: node_1m and rack_1m read gpu_1m."""
-    return [f"CREATE OR REPLACE VIEW {layout.database}.{name}{layout.on} AS\n{sql.format(db=layout.database)}" for name, sql in VIEWS.items()]
+    return [f"CREATE OR REPLACE VIEW {layout.database}.{name}{layout.on} AS\n{sql.format(db=layout.database)}"
+            for name, sql in VIEWS.items()]

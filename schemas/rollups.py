@@ -65,7 +65,8 @@ class Rollup:
         out = [f"CREATE TABLE IF NOT EXISTS {here}{on}\nENGINE = {layout.engine('AggregatingMergeTree', self.name)}\n"
                f"PARTITION BY toYYYYMM({self.time_column})\nORDER BY ({', '.join(self.order_by)})\n"
                f"TTL {ttl}\nSETTINGS {settings}\nEMPTY AS {self.aggregates(layout.database)[0]}"]
-        out += [f"ALTER TABLE {here}{on} ADD COLUMN IF NOT EXISTS `{name}` {type_}" for name, type_ in self.more_columns]
+        out += [f"ALTER TABLE {here}{on} ADD COLUMN IF NOT EXISTS `{name}` {type_}"
+                for name, type_ in self.more_columns]
         out += layout.distributed(self.name, f"cityHash64({self.shard_by})")
         sources = self.aggregates(layout.database, layout.local(self.source))
         return out + [f"CREATE MATERIALIZED VIEW IF NOT EXISTS {layout.database}.{view}{on} TO {here}\nAS {sql}"

@@ -51,7 +51,8 @@ def rebuild(client: Client, database: str, table: Table, topic_prefix: str, keep
     pairs = [(name, expr) for name, expr in pairs if expr is not None]
     new, old = f"{table.name}__migrating", f"{table.name}__before_{datetime.now(timezone.utc):%Y%m%d%H%M%S}"
     client.command(f"DROP TABLE IF EXISTS {database}.{new}")
-    client.command(create_table(table, Layout(database)).replace(f"{database}.{table.name}\n", f"{database}.{new}\n", 1))
+    made = create_table(table, Layout(database))
+    client.command(made.replace(f"{database}.{table.name}\n", f"{database}.{new}\n", 1))
     client.command(f"INSERT INTO {database}.{new} ({', '.join(f'`{n}`' for n, _ in pairs)}) "
                    f"SELECT {', '.join(e for _, e in pairs)} FROM {database}.{table.name}",
                    settings={"max_partitions_per_insert_block": 0, "insert_deduplicate": 0})

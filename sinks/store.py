@@ -110,7 +110,8 @@ def _retention_changes(client: Client, settings: CommonSettings, shape: Layout) 
     """(table, TTL expression) for every table whose live retention differs from the settings'."""
     rows = client.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
                         parameters={"db": shape.database}).result_rows
-    live = {kept: m.group(1) for name, engine in rows if (kept := _kept(shape, name)) and (m := _TTL_DAYS.search(engine))}
+    live = {kept: m.group(1) for name, engine in rows
+            if (kept := _kept(shape, name)) and (m := _TTL_DAYS.search(engine))}
     want = {t.name: (t.time_column, days(t.tier, settings.retention)) for t in TABLES.values()}
     want |= {r.name: (r.time_column, days("rollup", settings.retention)) for r in ROLLUPS.values()}
     return [(name, ttl_expression(column, n)) for name, (column, n) in want.items()

@@ -119,8 +119,9 @@ async def test_killed_worker_resumes_node_states_and_loses_no_fault_event(settin
 
 
 async def test_demo_shows_alerts_a_drain_and_return_a_straggler_and_fills_every_grafana_panel(settings_env):
-    """`fleetpulse up`'s default scenario: every part of the loop happens, and every panel of the Grafana dashboard as
-    shipped (deploy/grafana), its macros expanded as the data source expands them, runs on the store and returns rows."""
+    """`fleetpulse up`'s default scenario: every part of the loop happens, and every panel of the Grafana dashboard
+    as shipped (deploy/grafana), its macros expanded as the data source expands them, runs on the store and returns
+    rows."""
     r = await evaluate("demo")
     landed_in_full(r)
     assert {"GpuTempSlowdown", "GpuHwThermalSlowdown"} <= set(r["alerts"]["firing"]), r["alerts"]
