@@ -1,4 +1,6 @@
-"""`fleetpulse up`: broker, simulator, streams and sink as child processes, a live view, and a clean stop."""
+"""`fleetpulse up`: broker, simulator, streams and sink as child processes, a simulated remediation bot, a live view,
+and a clean stop. By default the simulator plays the `demo` scenario (a thermal runaway, an XID that needs a reset, a
+straggler), so alerts, faults, a drain and a return happen while it runs; `--scenario baseline` is a quiet fleet."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from pathlib import Path
 
 from fleetpulse.broker import ensure_broker, local_broker
 from core.errors import FleetpulseError
+from agents.simulator.scenario import load_scenario
+from fleetpulse.evaluate.bot import bot_config
+from fleetpulse.stack_bot import answer_drains
 from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic
 from core.settings import CommonSettings, load
@@ -24,9 +29,12 @@ from schemas.tables import TABLE_BY_TOPIC
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=100, help="simulated hosts (8 GPUs each)")
-    p.add_argument("--duration", type=float, default=60, help="simulated seconds; 0 = until Ctrl-C")
+    p.add_argument("--duration", type=float, default=None,
+                   help="simulated seconds (default: the scenario's, demo 180 s); 0 = until Ctrl-C")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scenario", default=None, help="scenario name or file (faults to inject)")
+    p.add_argument("--scenario", default="demo",
+                   help="scenario name or file: the faults to inject and the bot's delays (default %(default)s; "
+                        "baseline = nothing happens)")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second (0 = flat out)")
     p.add_argument("--no-streams", action="store_true", help="skip the stream worker")
     p.add_argument("--plain", action="store_true", help="print status lines instead of the live view")
@@ -89,6 +97,7 @@ class Stack:
 
     async def run(self) -> dict:
         s, a = self.settings, self.args
+        delays = bot_config(load_scenario(a.scenario).bot)  # a bad scenario stops `up` before anything starts
         if s.uses_local_kafka:
             self.started_broker = not local_broker(s).status()["running"]
         await asyncio.to_thread(ensure_broker, s)
@@ -98,10 +107,12 @@ class Stack:
         await sink.start()
         if not a.no_streams:
             await self._child("streams", "streams").start()
-        sim_args = ["simulate", "--hosts", str(a.hosts), "--duration", str(a.duration or 10**9),
-                    "--seed", str(a.seed), "--speed", str(a.speed)]
-        if a.scenario:
-            sim_args += ["--scenario", a.scenario]
+        sim_args = ["simulate", "--hosts", str(a.hosts), "--seed", str(a.seed), "--speed", str(a.speed),
+                    "--scenario", a.scenario, "--follow-repairs"]
+        if a.duration is not None:
+            sim_args += ["--duration", str(a.duration or 10**9)]
+        bot_stop = asyncio.Event()
+        bot = asyncio.create_task(answer_drains(s, delays, a.speed, bot_stop))
         simulator = self._child("simulate", *sim_args)
         await simulator.start()
 
@@ -121,12 +132,17 @@ class Stack:
                     crashed = [c.name for c in self.children.values() if c.proc and c.proc.returncode not in (None, 0)]
                     if crashed:
                         raise FleetpulseError(f"{', '.join(crashed)} exited early; see {s.data_dir / 'logs'}")
+                    if bot.done():
+                        raise FleetpulseError(f"the simulated remediation bot stopped: {bot.exception()!r}")
                     await asyncio.wait([sim_done], timeout=1.0)
                 view.note("simulation finished" if sim_done.done() else "interrupted: stopping")
                 await simulator.stop()
                 await self._drain(view, watch)
                 await self._refresh(view, watch)
         finally:
+            bot_stop.set()
+            answered = await asyncio.gather(bot, return_exceptions=True)
+            answered = answered[0] if isinstance(answered[0], int) else 0
             for name in ("streams", "sink", "simulate"):
                 if name in self.children:
                     await self.children[name].stop()
@@ -134,7 +150,7 @@ class Stack:
             if self.started_broker:
                 await asyncio.to_thread(local_broker(s).stop)
         report = _last_json(simulator.stdout)
-        return {"simulator": report, "final": view.last}
+        return {"simulator": report, "bot_answers": answered, "final": view.last}
 
     async def _refresh(self, view: StackView, watch: OffsetWatch) -> None:
         ends = per_topic(await watch.end_offsets())

@@ -31,9 +31,36 @@ SELECT
     (SELECT uniqExact(host, gpu_index) FROM gpu_samples
       WHERE ts > now_ts - INTERVAL 10 SECOND AND (host, toNullable(gpu_index)) NOT IN (SELECT host, gpu_index FROM firing)) AS usable,
     (SELECT count() FROM usable_compute) AS lifecycle_minutes,
-    (SELECT toInt64(round(argMax(usable_compute, minute_ts) * 1e6)) FROM usable_compute) AS lifecycle_usable_ppm
+    (SELECT toInt64(round(argMax(usable_compute, minute_ts) * 1e6)) FROM usable_compute) AS lifecycle_usable_ppm,
+    (SELECT uniqExact(fault_id) FROM faults) AS faults,
+    (SELECT uniqExact(event_id) FROM drain_events WHERE action = 'drain') AS drains,
+    (SELECT count() FROM (SELECT DISTINCT host, since FROM node_states
+                          WHERE state = 'healthy' AND prev_state = 'validating')) AS returns,
+    (SELECT uniqExact(job, rank) FROM stragglers WHERE flagged) AS stragglers
 """
-FACT_NAMES = ("alert_messages", "firing", "installed", "usable", "lifecycle_minutes", "lifecycle_usable_ppm")
+FACT_NAMES = ("alert_messages", "firing", "installed", "usable", "lifecycle_minutes", "lifecycle_usable_ppm",
+              "faults", "drains", "returns", "stragglers")
+# What happened, newest first: alerts fired, faults found, stragglers flagged, node state changes, bot requests.
+EVENTS_SQL = """
+SELECT toUnixTimestamp64Milli(ts) AS at, line FROM (
+    SELECT starts_at AS ts, concat('alert      ', any(alertname), ' on ', any(host),
+                                   ifNull(concat(' GPU ', toString(any(gpu_index))), '')) AS line
+    FROM alerts WHERE status = 'firing' GROUP BY fingerprint, starts_at
+    UNION ALL
+    SELECT min(ts), concat('fault      ', any(code), ' on ', any(host),
+                           ifNull(concat(' GPU ', toString(any(gpu_index))), ''), ' -> bin ', any(bin))
+    FROM faults GROUP BY fault_id
+    UNION ALL
+    SELECT min(ts), concat('straggler  ', job, ' rank ', toString(rank), ' on ', any(host), ', ',
+                           toString(round(max(slowdown_pct))), '% slower')
+    FROM stragglers WHERE flagged GROUP BY job, rank
+    UNION ALL
+    SELECT since, concat('node       ', host, ' ', ifNull(prev_state, '?'), ' -> ', state, ': ', any(reason))
+    FROM node_states WHERE state != ifNull(prev_state, '') GROUP BY host, state, prev_state, since
+    UNION ALL
+    SELECT min(ts), concat('bot asked  ', any(action), ' ', any(host)) FROM drain_events GROUP BY event_id
+) ORDER BY at DESC, line LIMIT 20
+"""
 
 
 def _get_json(url: str) -> dict | None:
@@ -52,6 +79,10 @@ async def fetch_store_facts(settings: CommonSettings) -> dict:
         raw = await asyncio.to_thread(ask_owner, settings, FACTS_SQL, 5)
         if raw:
             facts.update(zip(FACT_NAMES, (int(v) for v in raw.split(b"\t"))))
+        events = await asyncio.to_thread(ask_owner, settings, EVENTS_SQL, 5)
+        if events:
+            facts["events"] = [line.split(b"\t", 1)[1].decode(errors="replace")
+                               for line in events.splitlines() if b"\t" in line]
     except Exception as exc:  # the view must never take the stack down
         facts["error"] = str(exc)[:200]
     return facts
@@ -69,6 +100,7 @@ class StackView:
         self.last: dict = {}
         self.message = "starting"
         self.last_print = 0.0
+        self.printed: set[str] = set()
 
     def __enter__(self):
         if not self.plain:
@@ -102,6 +134,8 @@ class StackView:
             "messages": ends, "rates": rates, "rows": {n: t["rows"] for n, t in tables.items()},
             "dead_letters": sum(t["dead_letters"] for t in tables.values()),
             "alerts_firing": facts.get("firing"), "usable_compute": usable, "installed_gpus": installed,
+            **{k: facts.get(k) for k in ("faults", "drains", "returns", "stragglers")},
+            "events": facts.get("events") or self.last.get("events") or [],
         }
         if self.live is not None:
             self.live.update(self._render())
@@ -111,8 +145,14 @@ class StackView:
             uc = self.last["usable_compute"]
             self.console.print(
                 f"[{self.message}] samples/s={rates.get(next(iter(ends), ''), 0):.0f} gpu_samples={rows} "
-                f"alerts_firing={self.last['alerts_firing']} usable_compute={'n/a' if uc is None else f'{uc:.1%}'}"
+                f"alerts_firing={self.last['alerts_firing']} faults={self.last['faults']} "
+                f"drains={self.last['drains']} returned={self.last['returns']} stragglers={self.last['stragglers']} "
+                f"usable_compute={'n/a' if uc is None else f'{uc:.1%}'}"
             )
+            for line in reversed(self.last["events"]):
+                if line not in self.printed:
+                    self.printed.add(line)
+                    self.console.print(f"  {line}", markup=False, highlight=False)
 
     def _render(self) -> Table:
         table = Table(title=f"fleetpulse — {self.hosts} hosts — {self.message}", expand=False)
@@ -131,4 +171,11 @@ class StackView:
         table.add_row("alerts firing", str(self.last.get("alerts_firing", "-")), "")
         table.add_row("dead letters", str(self.last.get("dead_letters", 0)), "")
         table.add_row("usable compute", "-" if uc is None else f"{uc:.1%}", f"of {self.last.get('installed_gpus', 0)} GPUs")
+        table.add_row("faults / drains / returned", f"{self.last.get('faults') or 0} / {self.last.get('drains') or 0}"
+                      f" / {self.last.get('returns') or 0}", "")
+        table.add_row("stragglers flagged", str(self.last.get("stragglers") or 0), "")
+        if self.last.get("events"):
+            table.add_section()
+            for line in self.last["events"]:
+                table.add_row(line, "", "")
         return table

@@ -35,6 +35,8 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--nccl-interval", type=float, default=None,
                    help="simulated seconds between one rank's NCCL records; 0 = none "
                         f"(default {d['nccl_interval_s']:g})")
+    p.add_argument("--follow-repairs", action="store_true",
+                   help="mend a host when a remediation bot reports its repair (fleetpulse up's simulated bot)")
     return p
 
 
@@ -59,7 +61,8 @@ async def _run(args: argparse.Namespace, settings: CommonSettings, scenario: Sce
             loop.add_signal_handler(sig, stop.set)
     report = await simulate(settings, hosts=plan.hosts, duration=plan.duration_s, seed=plan.seed, scenario=scenario,
                             speed=args.speed, interval=plan.interval_s, stop=stop,
-                            nccl_interval=plan.nccl_interval_s, on_tick=_progress())
+                            nccl_interval=plan.nccl_interval_s, on_tick=_progress(),
+                            follow_repairs=args.follow_repairs)
     return report.model_dump_json(indent=2)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, Field
 
@@ -22,12 +24,13 @@ from agents.simulator.gpu_state import GpuState
 from agents.simulator.nccl import NcclModel
 from agents.simulator.samples import host_samples
 from agents.simulator.scenario import Scenario, load_scenario
-from core.errors import BrokerError, ConfigError
+from core.errors import BrokerError, ConfigError, DecodeError
 from schemas.provision import ensure_topics
 from core.settings import CommonSettings
 from schemas.analytics import InjectedFault
 from schemas.events import timings_of
-from schemas.topics import NCCL, SAMPLES, TRUTH, XID
+from schemas.codec import decode
+from schemas.topics import NCCL, REMEDIATION, SAMPLES, TRUTH, XID
 
 
 @dataclass
@@ -146,7 +149,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                    start_ts: float | None = None, interval: float | None = None, stop: asyncio.Event | None = None,
                    nccl_interval: float | None = None, cluster: str = "sim",
                    on_tick: Callable[[Tick, Publisher], None] | None = None,
-                   per_rank_nccl: bool = False) -> SimulationReport:
+                   per_rank_nccl: bool = False, follow_repairs: bool = False) -> SimulationReport:
     """Publish round(duration / interval) ticks: one HostSample per host per tick, plus XID, NCCL and truth records.
 
     NCCL goes out as one NcclStep per host and collective; per_rank_nccl publishes the older one-record-per-rank
@@ -154,6 +157,8 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
     speed 1 paces ticks on the wall clock; speed N runs N times faster; speed 0 runs as fast as possible.
     Timestamps advance by `interval` per tick from `start_ts` (default: now, aligned to the interval).
     Arguments left None come from the scenario's fleet and run blocks, then from RUN_DEFAULTS.
+    follow_repairs: a remediation bot's successful repairs and replacements (fleet.remediation.results, from the
+    run's start on) mend the simulated hosts, as the evaluation's bot does, so a repaired GPU stops showing its fault.
     """
     if speed < 0:
         raise ValueError("speed must be >= 0")
@@ -176,10 +181,16 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
     wall0 = time.monotonic()
     clock0 = time.time()
     done = 0
+    repairs = RepairFeed(settings) if follow_repairs else None
+    if repairs is not None:
+        await repairs.start()
     async with Publisher(settings, client_id=f"fleetpulse-simulator-{sim.run_id}") as pub:
         for k in range(ticks):
             if stop is not None and stop.is_set():
                 break
+            for host, action in repairs.take() if repairs is not None else ():
+                if host in sim.fleet.hosts:
+                    sim.repaired(host, action)
             if speed > 0:
                 due = (sim.start_ts + k * interval - clock0) if aligned else k * interval / speed
                 delay = due - ((time.time() - clock0) if aligned else (time.monotonic() - wall0))
@@ -204,12 +215,53 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                 on_tick(tick, pub)
         await pub.flush()
         sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, TRUTH)}
+    if repairs is not None:
+        await repairs.stop()
     return SimulationReport(
         run_id=sim.run_id, scenario=sim.scenario.name, seed=seed, hosts=hosts, gpus=sim.fleet.n_gpus,
         interval=interval, ticks=done, start_ts=sim.start_ts, end_ts=sim.start_ts + max(done - 1, 0) * interval,
         wall_s=round(time.monotonic() - wall0, 3), stopped_early=done < ticks, topic_prefix=settings.topic_prefix,
         sent=sent, gpu_readings=gpu_readings, nccl_timings=nccl_timings, truth=[InjectedFault.model_validate(t) for t in truth],
     )
+
+
+class RepairFeed:
+    """Successful repairs and replacements a remediation bot reports on fleet.remediation.results, from now on."""
+
+    def __init__(self, settings: CommonSettings):
+        self.settings = settings
+        self.done: list[tuple[str, str]] = []
+        self.consumer: AIOKafkaConsumer | None = None
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        topic = REMEDIATION.full(self.settings.topic_prefix)
+        self.consumer = AIOKafkaConsumer(**self.settings.kafka_client_args(), enable_auto_commit=False)
+        await self.consumer.start()
+        self.consumer.assign([TopicPartition(topic, p) for p in range(REMEDIATION.partitions)])
+        await self.consumer.seek_to_end()
+        self.task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        async for record in self.consumer:
+            try:
+                result = decode(record.value)
+            except DecodeError:
+                continue  # the sink dead-letters it; the simulator only looks for repairs
+            if type(result) is dict and result.get("ok") is True and result.get("action") in ("repair", "replace"):
+                self.done.append((str(result.get("host")), str(result["action"])))
+
+    def take(self) -> list[tuple[str, str]]:
+        out, self.done = self.done, []
+        return out
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.consumer is not None:
+            await self.consumer.stop()
 
 
 async def _sleep_or_stop(delay: float, stop: asyncio.Event | None) -> None:

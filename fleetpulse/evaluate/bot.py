@@ -11,8 +11,9 @@ import heapq
 import itertools
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.errors import ConfigError
 from schemas.analytics import RemediationResult
 
 REPAIR_KINDS = ("reset", "reboot", "inspect", "replace")
@@ -38,6 +39,15 @@ class BotConfig(BaseModel):
     def out_s(self, repair: str) -> float:
         """How long a node drained for `repair` is out when everything passes: drain, repair, validation, undrain."""
         return self.drain_s + self.fix_s(repair) + self.validate_s + self.undrain_s
+
+
+def bot_config(values: Mapping) -> BotConfig:
+    """A scenario's bot block, checked now with the field named."""
+    try:
+        return BotConfig.model_validate(values)
+    except ValidationError as exc:
+        where = "; ".join(f"bot.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"scenario {where}") from None
 
 
 def _repair_kind(event: Mapping) -> str:

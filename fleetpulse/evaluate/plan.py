@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from agents.simulator.scenario import parse_scenario, resolve_path
 from core.errors import ConfigError
-from fleetpulse.evaluate.bot import BotConfig
+from fleetpulse.evaluate.bot import bot_config
 from fleetpulse.evaluate.runner import Plan
 
 PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker")
@@ -71,17 +71,6 @@ def pipeline_env(pipeline: dict[str, dict]) -> dict[str, str]:
             raise ConfigError(f"scenario {where}") from None
         env[f"FLEETPULSE_{name.upper()}"] = json.dumps(value)
     return env
-
-
-def bot_config(values: dict) -> BotConfig:
-    """The scenario's bot block, checked now with the field named."""
-    from pydantic import ValidationError
-
-    try:
-        return BotConfig.model_validate(values)
-    except ValidationError as exc:
-        where = "; ".join(f"bot.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"scenario {where}") from None
 
 
 def plan_from(ref: str, overrides: Sequence[str] = (), *, seed: int | None = None, **options) -> Plan:

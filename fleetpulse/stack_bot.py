@@ -1,0 +1,73 @@
+"""The simulated remediation bot of `fleetpulse up`: it answers the lifecycle's drain, repair, validate and undrain
+requests on fleet.drain.events with results on fleet.remediation.results, each after the scenario's delay for that
+action (scaled by the run's speed), as the evaluation's bot does on simulated time. The simulator follows its repairs
+(`simulate --follow-repairs`), so a node is taken out, mended, validated and put back while `up` runs."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents.publisher import Publisher
+from core.errors import DecodeError
+from core.settings import CommonSettings
+from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
+from schemas.codec import decode
+from schemas.topics import DRAIN, REMEDIATION
+
+
+class WallClockBot:
+    """SimulatedBot's answers, each released `delay / speed` wall seconds after its request arrived (at once at
+    speed 0, a flat-out run); the answer's own time stays the request's simulated time plus the delay."""
+
+    def __init__(self, config: BotConfig, speed: float):
+        self.bot = SimulatedBot(config)
+        self.speed = speed
+        self._due: list[tuple[float, int, object]] = []
+        self._order = itertools.count()
+        self.answered = 0
+
+    def receive(self, event: dict, now: float) -> None:
+        wait = self.bot.delay(event) / self.speed if self.speed > 0 else 0.0
+        self.bot.receive(event)
+        for result in self.bot.due(float("inf")):  # the answer just queued, released below on the wall clock
+            heapq.heappush(self._due, (now + wait, next(self._order), result))
+
+    def due(self, now: float) -> list:
+        out = []
+        while self._due and self._due[0][0] <= now:
+            out.append(heapq.heappop(self._due)[2])
+        self.answered += len(out)
+        return out
+
+
+async def answer_drains(settings: CommonSettings, config: BotConfig, speed: float, stop: asyncio.Event) -> int:
+    """Answer every drain event published from now until `stop`; returns how many answers went out."""
+    bot = WallClockBot(config, speed)
+    topic = DRAIN.full(settings.topic_prefix)
+    consumer = AIOKafkaConsumer(**settings.kafka_client_args(), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(DRAIN.partitions)])
+        await consumer.seek_to_end()
+        async with Publisher(settings, client_id="fleetpulse-up-bot") as pub:
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200)
+                for records in batches.values():
+                    for record in records:
+                        try:
+                            event = decode(record.value)
+                        except DecodeError:
+                            continue  # the sink dead-letters it; a bot acts on what it can read
+                        if type(event) is dict and {"event_id", "host", "action", "ts"} <= event.keys():
+                            bot.receive(event, time.monotonic())
+                for result in bot.due(time.monotonic()):
+                    await pub.send(REMEDIATION, result)
+                await pub.flush()
+    finally:
+        await consumer.stop()
+    return bot.answered
