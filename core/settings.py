@@ -48,6 +48,7 @@ class CommonSettings(BaseSettings):
     )
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
     query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
+    page_port: int = Field(default=18124, ge=1024, le=65535, description="the fleet page (fleetpulse page, up)")
     query_token: SecretStr | None = Field(default=None, description="bearer token the query endpoint requires")
     # Retention tiers (schemas/ddl.py): per-second telemetry, scores, events and the rollups kept after the raw is gone.
     retention_telemetry_days: int = Field(default=30, ge=1, description="gpu_samples, nccl_timings")

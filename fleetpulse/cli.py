@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),
     "report": ("fleetpulse.report", "the fleet's outcomes over a time range: usable compute, interruptions, drains"),
     "migrate": ("sinks.migrate", "rebuild stored tables whose columns changed since they were made, rows included"),
+    "page": ("fleetpulse.page", "serve the fleet page (a web dashboard over the store), or write its screenshot"),
     "grafana": ("fleetpulse.grafana", "write Grafana provisioning: the ClickHouse data source and the fleet dashboard"),
     "ddl": ("schemas.cli_ddl", "print the ClickHouse DDL generated from the schemas"),
     "schemas": ("schemas.cli_export", "export JSON Schema for every topic"),

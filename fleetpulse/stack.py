@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetpulse import page
 from fleetpulse.broker import ensure_broker, local_broker
 from core.errors import FleetpulseError
 from agents.simulator.scenario import load_scenario
@@ -39,6 +40,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-streams", action="store_true", help="skip the stream worker")
     p.add_argument("--plain", action="store_true", help="print status lines instead of the live view")
     p.add_argument("--drain-timeout", type=float, default=120, help="seconds to wait for consumers to catch up")
+    p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
+                   help="at the end of the run, load the fleet page in headless Chromium and write its screenshot")
 
 
 @dataclass
@@ -97,6 +100,7 @@ class Stack:
 
     async def run(self) -> dict:
         s, a = self.settings, self.args
+        shot = None
         delays = bot_config(load_scenario(a.scenario).bot)  # a bad scenario stops `up` before anything starts
         if s.uses_local_kafka:
             self.started_broker = not local_broker(s).status()["running"]
@@ -105,6 +109,9 @@ class Stack:
         await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
         sink = self._child("sink", "sink")
         await sink.start()
+        page_url, page_runner = await self._serve_page()
+        if page_url:
+            print(f"up: the fleet page is on {page_url}", file=sys.stderr, flush=True)
         if not a.no_streams:
             await self._child("streams", "streams").start()
         sim_args = ["simulate", "--hosts", str(a.hosts), "--seed", str(a.seed), "--speed", str(a.speed),
@@ -126,7 +133,8 @@ class Stack:
         sim_done = asyncio.create_task(simulator.wait())
         try:
             with view:
-                view.note("running — Ctrl-C stops everything cleanly")
+                view.note("running — Ctrl-C stops everything cleanly"
+                          + (f" — fleet page on {page_url}" if page_url else ""))
                 while not (interrupted.is_set() or sim_done.done()):
                     await self._refresh(view, watch)
                     crashed = [c.name for c in self.children.values() if c.proc and c.proc.returncode not in (None, 0)]
@@ -139,7 +147,12 @@ class Stack:
                 await simulator.stop()
                 await self._drain(view, watch)
                 await self._refresh(view, watch)
+                if a.screenshot is not None and page_url:
+                    view.note(f"taking the fleet page's screenshot: {a.screenshot}")
+                    shot = await page.screenshot(page_url, a.screenshot)
         finally:
+            if page_runner is not None:
+                await page_runner.cleanup()
             bot_stop.set()
             answered = await asyncio.gather(bot, return_exceptions=True)
             answered = answered[0] if isinstance(answered[0], int) else 0
@@ -150,7 +163,19 @@ class Stack:
             if self.started_broker:
                 await asyncio.to_thread(local_broker(s).stop)
         report = _last_json(simulator.stdout)
-        return {"simulator": report, "bot_answers": answered, "final": view.last}
+        out = {"simulator": report, "bot_answers": answered, "page": page_url, "final": view.last}
+        if a.screenshot is not None:
+            out["screenshot"] = {"path": str(a.screenshot), **shot} if shot else None
+        return out
+
+    async def _serve_page(self):
+        """The fleet page on FLEETPULSE_PAGE_PORT; `up` runs on without it when the port is taken."""
+        try:
+            runner = await page.serve(self.settings)
+        except FleetpulseError as exc:
+            print(f"up: {exc}; running without the fleet page", file=sys.stderr)
+            return None, None
+        return f"http://127.0.0.1:{self.settings.page_port}/", runner
 
     async def _refresh(self, view: StackView, watch: OffsetWatch) -> None:
         ends = per_topic(await watch.end_offsets())

@@ -121,3 +121,16 @@ def reference_dir() -> Path:
     if not REFERENCE.is_dir():
         pytest.fail(f"reference data missing at {REFERENCE} (set FLEETPULSE_REFERENCE_DIR)")
     return REFERENCE
+
+
+@pytest.fixture
+def db(clickhouse_url, clickhouse_database):
+    """A database of this test's own on the real engine, with every table, rollup and view the schemas describe."""
+    from core.settings import CommonSettings
+    from sinks import store
+
+    cfg = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database)
+    client = store.connect(cfg)
+    store.apply_schema(client, cfg)
+    yield client
+    client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")

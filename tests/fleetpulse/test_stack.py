@@ -1,5 +1,6 @@
 """`fleetpulse up` as a user runs it: every simulated GPU row lands once, the demo's faults raise alerts, a drain and a
-return, stragglers are flagged, and query answers afterwards."""
+return, stragglers are flagged, the fleet page it serves shows them in real headless Chromium (Debian's `chromium`,
+driven by Playwright), and query answers afterwards."""
 
 import json
 import os
@@ -25,12 +26,14 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(kafka_bootstrap
         "FLEETPULSE_TOPIC_PREFIX": topic_prefix,
         "FLEETPULSE_DATA_DIR": str(tmp_path / "data"),
         "FLEETPULSE_QUERY_PORT": str(free_port()),
+        "FLEETPULSE_PAGE_PORT": str(free_port()),
     }
     for var in ("CLICKHOUSE_URL", "FLEETPULSE_CLICKHOUSE_URL", "FLEETPULSE_CLICKHOUSE_DATABASE"):
         env.pop(var, None)  # up owns its embedded store, as on a fresh machine
     cli = [sys.executable, "-m", "fleetpulse.cli"]
     # the default scenario (demo), 180 simulated seconds six times faster than real time
-    up = subprocess.run(cli + ["up", "--hosts", "8", "--speed", "6", "--plain"],
+    shot = tmp_path / "page.png"
+    up = subprocess.run(cli + ["up", "--hosts", "8", "--speed", "6", "--plain", "--screenshot", str(shot)],
                         env=env, capture_output=True, text=True, timeout=300)
     assert up.returncode == 0, up.stderr[-3000:]
     result = json.loads(up.stdout)
@@ -45,10 +48,29 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(kafka_bootstrap
     assert "node       gpu-node-0001 validating -> healthy: validation passed" in up.stderr
     assert "straggler  job-0000 rank 37 on gpu-node-0004" in up.stderr
 
-    query = subprocess.run(cli + ["query", "SELECT count(), uniqExact(ts), count() / uniqExact(ts) FROM gpu_samples"],
-                           env=env, capture_output=True, text=True, timeout=60)
-    assert query.returncode == 0, query.stderr[-2000:]
-    assert query.stdout == "11520\t180\t64\n"  # 8 hosts x 8 GPUs per simulated second, 180 seconds
+    def ask(sql: str) -> str:
+        done = subprocess.run(cli + ["query", sql], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    assert ask("SELECT count(), uniqExact(ts), count() / uniqExact(ts) FROM gpu_samples") == "11520\t180\t64\n"
+
+    # the fleet page `up` served, loaded in real headless Chromium at the end of the run: every panel drew from the
+    # run's store without a console error, and shows its real numbers
+    page = result["screenshot"]
+    assert result["page"] == f"http://127.0.0.1:{env['FLEETPULSE_PAGE_PORT']}/" and "fleet page is on" in up.stderr
+    assert page["console_errors"] == [], page["console_errors"]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
+    rows, text = page["rows"], page["text"]
+    from fleetpulse.panels import PANELS
+
+    assert set(rows) == {p.name for p in PANELS} and all(n > 0 for n in rows.values()), rows
+    assert rows["drains"] == int(ask("SELECT uniqExact(event_id) FROM drain_events")) == 4
+    assert rows["gpu_heatmap"] == 64 and rows["alerts"] == int(ask("SELECT uniqExact(fingerprint, starts_at) "
+                                                                   "FROM alerts"))
+    assert "gpu-node-0001" in text["drains"] and "validation passed" in text["drains"]
+    assert "closed" in text["breaker"] and "job-0000" in text["stragglers"] and "gpu-node-0004" in text["stragglers"]
+    assert "GpuTempSlowdown" in text["alerts"] and "119" in text["top_xids"]
 
 
 def test_up_plays_the_demo_by_default_and_baseline_injects_nothing():

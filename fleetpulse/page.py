@@ -1,0 +1,165 @@
+"""`fleetpulse page`: the fleet page, a web dashboard over the store (docs/page.md).
+
+It serves one HTML page, its script and the vendored chart code (fleetpulse/web; no CDN), and answers the page's
+requests for the named panels of fleetpulse/panels.py over a time range: the browser names a panel and gives the
+range in epoch milliseconds, never SQL. Each panel's query goes where `fleetpulse query` sends it: to the running
+sink that owns the embedded store (read-only, within the query endpoint's limits), else to the store itself or to
+the server CLICKHOUSE_URL names. `fleetpulse up` serves it while it runs and prints its URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+
+from core.errors import FleetpulseError, StoreError
+from core.settings import CommonSettings, load
+from fleetpulse.panels import BY_NAME, PANELS, expand
+from fleetpulse.query import query
+
+log = logging.getLogger("fleetpulse.page")
+WEB = Path(__file__).with_name("web")
+DEFAULT_SPAN_S = 15 * 60
+MAX_POINTS = 240  # buckets per time series: the interval grows with the range
+
+
+def _range(request: web.Request) -> tuple[datetime, datetime, int]:
+    """[from, to] (epoch ms) and the bucket width in seconds from the request; 400 on anything else."""
+    try:
+        lo, hi = int(request.query["from"]), int(request.query["to"])
+    except (KeyError, ValueError):
+        raise web.HTTPBadRequest(text="from and to: epoch milliseconds\n") from None
+    if not 0 <= lo < hi:
+        raise web.HTTPBadRequest(text="from must be before to\n")
+    start, end = (datetime.fromtimestamp(t / 1000, timezone.utc) for t in (lo, hi))
+    interval = max(60, -(-(hi - lo) // 1000 // MAX_POINTS) // 60 * 60)  # whole minutes: the rollups' grain
+    return start, end, interval
+
+
+def _ask(settings: CommonSettings, sql: str) -> dict:
+    return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact"))
+
+
+def make_app(settings: CommonSettings) -> web.Application:
+    async def index(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(WEB / "index.html")
+
+    async def panels(_: web.Request) -> web.Response:
+        return web.json_response([{"name": p.name, "title": p.title, "kind": p.kind, "unit": p.unit,
+                                   "description": p.description, "width": p.width} for p in PANELS])
+
+    async def span(_: web.Request) -> web.Response:
+        """The range the store holds samples for (a simulated fleet may run ahead of the clock)."""
+        got = await _answer(settings, "SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), "
+                                      "count() FROM gpu_samples")
+        first, last, n = got["data"][0]
+        return web.json_response({"first": int(first), "last": int(last), "gpu_rows": int(n),
+                                  "default_span_ms": DEFAULT_SPAN_S * 1000})
+
+    async def panel(request: web.Request) -> web.Response:
+        chosen = BY_NAME.get(request.match_info["name"])
+        if chosen is None:
+            raise web.HTTPNotFound(text=f"no panel {request.match_info['name']!r}\n")
+        start, end, interval = _range(request)
+        got = await _answer(settings, expand(chosen.sql, start, end, interval))
+        return web.json_response({"name": chosen.name, "columns": [c["name"] for c in got["meta"]],
+                                  "types": [c["type"] for c in got["meta"]], "rows": got["data"],
+                                  "interval_s": interval}, dumps=lambda v: orjson.dumps(v).decode())
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/api/panels", panels)
+    app.router.add_get("/api/span", span)
+    app.router.add_get("/api/panel/{name}", panel)
+    app.router.add_static("/static", WEB)
+    return app
+
+
+async def _answer(settings: CommonSettings, sql: str) -> dict:
+    try:
+        return await asyncio.to_thread(_ask, settings, sql)
+    except StoreError as exc:
+        raise web.HTTPServiceUnavailable(text=f"the store did not answer: {exc}\n") from None
+
+
+async def serve(settings: CommonSettings, host: str = "127.0.0.1", port: int | None = None) -> web.AppRunner:
+    """Start serving; the caller cleans the runner up."""
+    runner = web.AppRunner(make_app(settings), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port or settings.page_port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise FleetpulseError(f"the fleet page cannot listen on {host}:{port or settings.page_port}: {exc}") from None
+    return runner
+
+
+def chromium() -> str:
+    """The distribution's Chromium (Playwright's own browser download is not needed)."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if found := shutil.which(name):
+            return found
+    raise FleetpulseError("no Chromium found on PATH: install the distribution's package (apt-get install chromium)")
+
+
+async def screenshot(url: str, path: Path, wait_s: float = 20.0) -> dict:
+    """Load the page in headless Chromium, wait until every panel has drawn, save a full-page screenshot; returns
+    what the page showed (panel -> rows, panel -> its text) and its console errors."""
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        raise FleetpulseError("the screenshot needs Playwright for Python (pip install playwright)") from None
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        try:
+            page = await browser.new_page(viewport={"width": 1600, "height": 1000})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            await page.goto(url)
+            await page.wait_for_function("window.fleetpulse && window.fleetpulse.drawn >= 1", timeout=wait_s * 1000)
+            shown = await page.evaluate("window.fleetpulse.rows")
+            text = await page.evaluate("Object.fromEntries([...document.querySelectorAll('section[data-panel]')]"
+                                       ".map(s => [s.dataset.panel, s.innerText]))")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(path=str(path), full_page=True)
+        finally:
+            await browser.close()
+    return {"rows": shown, "text": text, "console_errors": errors}
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=None, help="port (default FLEETPULSE_PAGE_PORT, 18124)")
+    p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
+                   help="load the page in headless Chromium, write its screenshot there, and exit")
+
+
+async def _run(args: argparse.Namespace, settings: CommonSettings) -> int:
+    runner = await serve(settings, args.host, args.port)
+    url = f"http://{args.host}:{args.port or settings.page_port}/"
+    try:
+        if args.screenshot is not None:
+            shown = await screenshot(url, args.screenshot)
+            print(orjson.dumps({"url": url, "screenshot": str(args.screenshot), "rows": shown["rows"],
+                                "console_errors": shown["console_errors"]}).decode())
+            return 1 if shown["console_errors"] else 0
+        print(f"fleet page on {url} (Ctrl-C stops it)", flush=True)
+        await asyncio.Event().wait()
+        return 0
+    finally:
+        await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_run(args, load(CommonSettings)))
+    except KeyboardInterrupt:
+        return 0
