@@ -117,7 +117,7 @@ async def screenshot(url: str, path: Path, wait_s: float = 20.0) -> dict:
     except ImportError:
         raise FleetpulseError("the screenshot needs Playwright for Python (pip install playwright)") from None
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        browser = await pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-dev-shm-usage"])
         try:
             page = await browser.new_page(viewport={"width": 1600, "height": 1000})
             errors: list[str] = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 # Frame: payload length, CRC-32 of the payload. Payload: enqueue time, topic length, key length (-1 = no key),
 # value length, header count; then topic, key, value, and each header as (name length, value length, name, value).
