@@ -22,11 +22,12 @@ from aiohttp import web
 from core.errors import FleetpulseError, StoreError
 from core.settings import CommonSettings, load
 from fleetpulse.panels import BY_NAME, PANELS, expand
-from fleetpulse.query import query
+from fleetpulse.query import ask_owner, query
 
 log = logging.getLogger("fleetpulse.page")
 WEB = Path(__file__).with_name("web")
 DEFAULT_SPAN_S = 15 * 60
+LATEST_MS = 4_102_444_800_000  # 2100-01-01: past ClickHouse's DateTime range
 MAX_POINTS = 240  # buckets per time series: the interval grows with the range
 
 
@@ -36,18 +37,33 @@ def _range(request: web.Request) -> tuple[datetime, datetime, int]:
         lo, hi = int(request.query["from"]), int(request.query["to"])
     except (KeyError, ValueError):
         raise web.HTTPBadRequest(text="from and to: epoch milliseconds\n") from None
-    if not 0 <= lo < hi:
-        raise web.HTTPBadRequest(text="from must be before to\n")
+    if not 0 <= lo < hi <= LATEST_MS:
+        raise web.HTTPBadRequest(text="from must be before to, both within 1970-2100\n")
     start, end = (datetime.fromtimestamp(t / 1000, timezone.utc) for t in (lo, hi))
     interval = max(60, -(-(hi - lo) // 1000 // MAX_POINTS) // 60 * 60)  # whole minutes: the rollups' grain
     return start, end, interval
 
 
-def _ask(settings: CommonSettings, sql: str) -> dict:
-    return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact"))
+def _ask(settings: CommonSettings, sql: str, owner_only: bool) -> dict:
+    sql = f"{sql}\nFORMAT JSONCompact"
+    if owner_only:  # inside `up`: the sink owns the embedded store, and opening it here would fight it for the store
+        answer = ask_owner(settings, sql, 30)
+        if answer is None:
+            raise StoreError("the sink that owns the store is not answering yet")
+        return orjson.loads(answer)
+    return orjson.loads(query(settings, sql))
 
 
-def make_app(settings: CommonSettings) -> web.Application:
+def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Application:
+    """The page's routes. owner_only: ask only the running sink that owns the embedded store, never open it."""
+    owner_only = owner_only and settings.embedded_store
+
+    async def answer(sql: str) -> dict:
+        try:
+            return await asyncio.to_thread(_ask, settings, sql, owner_only)
+        except StoreError as exc:
+            raise web.HTTPServiceUnavailable(text=f"the store did not answer: {exc}\n") from None
+
     async def index(_: web.Request) -> web.FileResponse:
         return web.FileResponse(WEB / "index.html")
 
@@ -57,8 +73,8 @@ def make_app(settings: CommonSettings) -> web.Application:
 
     async def span(_: web.Request) -> web.Response:
         """The range the store holds samples for (a simulated fleet may run ahead of the clock)."""
-        got = await _answer(settings, "SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), "
-                                      "count() FROM gpu_samples")
+        got = await answer("SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), count() "
+                           "FROM gpu_samples")
         first, last, n = got["data"][0]
         return web.json_response({"first": int(first), "last": int(last), "gpu_rows": int(n),
                                   "default_span_ms": DEFAULT_SPAN_S * 1000})
@@ -68,7 +84,7 @@ def make_app(settings: CommonSettings) -> web.Application:
         if chosen is None:
             raise web.HTTPNotFound(text=f"no panel {request.match_info['name']!r}\n")
         start, end, interval = _range(request)
-        got = await _answer(settings, expand(chosen.sql, start, end, interval))
+        got = await answer(expand(chosen.sql, start, end, interval))
         return web.json_response({"name": chosen.name, "columns": [c["name"] for c in got["meta"]],
                                   "types": [c["type"] for c in got["meta"]], "rows": got["data"],
                                   "interval_s": interval}, dumps=lambda v: orjson.dumps(v).decode())
@@ -82,16 +98,10 @@ def make_app(settings: CommonSettings) -> web.Application:
     return app
 
 
-async def _answer(settings: CommonSettings, sql: str) -> dict:
-    try:
-        return await asyncio.to_thread(_ask, settings, sql)
-    except StoreError as exc:
-        raise web.HTTPServiceUnavailable(text=f"the store did not answer: {exc}\n") from None
-
-
-async def serve(settings: CommonSettings, host: str = "127.0.0.1", port: int | None = None) -> web.AppRunner:
+async def serve(settings: CommonSettings, host: str = "127.0.0.1", port: int | None = None,
+                owner_only: bool = False) -> web.AppRunner:
     """Start serving; the caller cleans the runner up."""
-    runner = web.AppRunner(make_app(settings), access_log=None)
+    runner = web.AppRunner(make_app(settings, owner_only), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port or settings.page_port).start()

@@ -107,31 +107,31 @@ class Stack:
         await asyncio.to_thread(ensure_broker, s)
         # the live view reads their offsets
         await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
-        sink = self._child("sink", "sink")
-        await sink.start()
-        page_url, page_runner = await self._serve_page()
-        if page_url:
-            print(f"up: the fleet page is on {page_url}", file=sys.stderr, flush=True)
-        if not a.no_streams:
-            await self._child("streams", "streams").start()
-        sim_args = ["simulate", "--hosts", str(a.hosts), "--seed", str(a.seed), "--speed", str(a.speed),
-                    "--scenario", a.scenario, "--follow-repairs"]
-        if a.duration is not None:
-            sim_args += ["--duration", str(a.duration or 10**9)]
+        page_url = page_runner = bot = watch = None
         bot_stop = asyncio.Event()
-        bot = asyncio.create_task(answer_drains(s, delays, a.speed, bot_stop))
-        simulator = self._child("simulate", *sim_args)
-        await simulator.start()
-
-        watch = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
-        await watch.start()
         view = StackView(plain=a.plain or not sys.stdout.isatty(), hosts=a.hosts)
-        interrupted = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, interrupted.set)
-        sim_done = asyncio.create_task(simulator.wait())
-        try:
+        try:  # from the first thing started: whatever fails, everything started is stopped
+            await self._child("sink", "sink").start()
+            page_url, page_runner = await self._serve_page()
+            if page_url:
+                print(f"up: the fleet page is on {page_url}", file=sys.stderr, flush=True)
+            if not a.no_streams:
+                await self._child("streams", "streams").start()
+            sim_args = ["simulate", "--hosts", str(a.hosts), "--seed", str(a.seed), "--speed", str(a.speed),
+                        "--scenario", a.scenario, "--follow-repairs"]
+            if a.duration is not None:
+                sim_args += ["--duration", str(a.duration or 10**9)]
+            bot = asyncio.create_task(answer_drains(s, delays, a.speed, bot_stop))
+            simulator = self._child("simulate", *sim_args)
+            await simulator.start()
+            offsets = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
+            await offsets.start()
+            watch = offsets
+            interrupted = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, interrupted.set)
+            sim_done = asyncio.create_task(simulator.wait())
             with view:
                 view.note("running — Ctrl-C stops everything cleanly"
                           + (f" — fleet page on {page_url}" if page_url else ""))
@@ -149,17 +149,23 @@ class Stack:
                 await self._refresh(view, watch)
                 if a.screenshot is not None and page_url:
                     view.note(f"taking the fleet page's screenshot: {a.screenshot}")
-                    shot = await page.screenshot(page_url, a.screenshot)
+                    try:
+                        shot = await page.screenshot(page_url, a.screenshot)
+                    except Exception as exc:  # the run's own result still comes out
+                        shot = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         finally:
             if page_runner is not None:
                 await page_runner.cleanup()
             bot_stop.set()
-            answered = await asyncio.gather(bot, return_exceptions=True)
-            answered = answered[0] if isinstance(answered[0], int) else 0
+            answered = 0
+            if bot is not None:
+                done = (await asyncio.gather(bot, return_exceptions=True))[0]
+                answered = done if isinstance(done, int) else 0
             for name in ("streams", "sink", "simulate"):
                 if name in self.children:
                     await self.children[name].stop()
-            await watch.close()
+            if watch is not None:
+                await watch.close()
             if self.started_broker:
                 await asyncio.to_thread(local_broker(s).stop)
         report = _last_json(simulator.stdout)
@@ -171,7 +177,7 @@ class Stack:
     async def _serve_page(self):
         """The fleet page on FLEETPULSE_PAGE_PORT; `up` runs on without it when the port is taken."""
         try:
-            runner = await page.serve(self.settings)
+            runner = await page.serve(self.settings, owner_only=True)
         except FleetpulseError as exc:
             print(f"up: {exc}; running without the fleet page", file=sys.stderr)
             return None, None

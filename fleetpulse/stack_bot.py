@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -18,6 +19,8 @@ from core.settings import CommonSettings
 from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
 from schemas.codec import decode
 from schemas.topics import DRAIN, REMEDIATION
+
+log = logging.getLogger("fleetpulse.up.bot")
 
 
 class WallClockBot:
@@ -61,10 +64,12 @@ async def answer_drains(settings: CommonSettings, config: BotConfig, speed: floa
                     for record in records:
                         try:
                             event = decode(record.value)
-                        except DecodeError:
-                            continue  # the sink dead-letters it; a bot acts on what it can read
-                        if type(event) is dict and {"event_id", "host", "action", "ts"} <= event.keys():
-                            bot.receive(event, time.monotonic())
+                            if type(event) is dict and {"event_id", "host", "action", "ts"} <= event.keys():
+                                bot.receive(event, time.monotonic())
+                        except (DecodeError, ValueError, TypeError, KeyError) as exc:
+                            # the sink dead-letters what it cannot store; a bot skips what it cannot act on
+                            log.warning("simulated bot: skipped %s[%d]@%d: %s", record.topic, record.partition,
+                                        record.offset, exc)
                 for result in bot.due(time.monotonic()):
                     await pub.send(REMEDIATION, result)
                 await pub.flush()

@@ -68,6 +68,9 @@ class Rollup:
         out += [f"ALTER TABLE {here}{on} ADD COLUMN IF NOT EXISTS `{name}` {type_}"
                 for name, type_ in self.more_columns]
         out += layout.distributed(self.name, f"cityHash64({self.shard_by})")
+        if layout.cluster:  # a Distributed table made before a further column was added gets it too
+            out += [f"ALTER TABLE {layout.database}.{self.name}{on} ADD COLUMN IF NOT EXISTS `{name}` {type_}"
+                    for name, type_ in self.more_columns]
         sources = self.aggregates(layout.database, layout.local(self.source))
         return out + [f"CREATE MATERIALIZED VIEW IF NOT EXISTS {layout.database}.{view}{on} TO {here}\nAS {sql}"
                       for view, sql in zip(self.view_names(), sources)]

@@ -38,6 +38,10 @@ INSERT_SETTINGS = {
     "distributed_foreground_insert": 1,
 }
 
+# The sink's own records (the batch in flight, the rack inventory): never deduplicated, and on a cluster written
+# before the call returns, like the data.
+OWN_RECORD_SETTINGS = {"insert_deduplicate": 0, "distributed_foreground_insert": 1}
+
 
 def layout(settings: CommonSettings) -> Layout:
     return Layout(settings.clickhouse_database, settings.clickhouse_cluster)
@@ -127,22 +131,25 @@ def add_missing_columns(client: Client, database: str, cluster: str | None = Non
     statements run; any other difference (a type, a codec, a dropped or reordered column) is left for schema_drift to
     refuse."""
     shape = Layout(database, cluster)
-    live = _live_columns(client, shape)
+    rows = client.query("SELECT table, name FROM system.columns WHERE database = {db:String}",
+                        parameters={"db": database}).result_rows
+    live: dict[str, set[str]] = {}
+    for table, name in rows:
+        live.setdefault(table, set()).add(name)
     applied = []
-    for table in TABLES.values():
-        have = {name for name, _, _ in live.get(table.name, [])}
-        if not have:
-            continue
-        prev = None
-        for col in table.columns:
-            if col.name not in have:
-                where = f"AFTER `{prev}`" if prev else "FIRST"
-                targets = [shape.local(table.name)] + ([f"{database}.{table.name}"] if cluster else [])
-                for target in targets:
-                    stmt = f"ALTER TABLE {target}{shape.on} ADD COLUMN IF NOT EXISTS {col.ddl()} {where}"
+    for table in TABLES.values():  # on a cluster each of the two tables by itself: one may have the column already
+        for target in [table.name] + ([f"{table.name}_local"] if cluster else []):
+            have = live.get(target)
+            if not have:
+                continue
+            prev = None
+            for col in table.columns:
+                if col.name not in have:
+                    stmt = (f"ALTER TABLE {database}.{target}{shape.on} ADD COLUMN IF NOT EXISTS {col.ddl()} "
+                            + (f"AFTER `{prev}`" if prev else "FIRST"))
                     _command(client, stmt, f"migration failed: {stmt}")
                     applied.append(stmt)
-            prev = col.name
+                prev = col.name
     return applied
 
 
@@ -217,7 +224,7 @@ def record_inflight(client: Client, topic: str, token: str, epoch: int, ranges: 
     spans = [(p, a, b) for p, (a, b) in sorted(ranges.items())]
     try:
         client.insert("sink_inflight", [(datetime.now(timezone.utc), topic, token, epoch, spans)],
-                      column_names=["at", "topic", "token", "epoch", "ranges"], settings={"insert_deduplicate": 0})
+                      column_names=["at", "topic", "token", "epoch", "ranges"], settings=OWN_RECORD_SETTINGS)
     except Exception as exc:
         raise as_store_error(exc, "cannot record the batch in flight") from exc
 
@@ -237,7 +244,7 @@ def record_rack_budgets(client: Client, budgets: dict[str, float]) -> None:
     now = datetime.now(timezone.utc)
     try:
         client.insert("rack_budgets", [(rack, watts, now) for rack, watts in sorted(budgets.items())],
-                      column_names=["rack", "budget_w", "set_at"], settings={"insert_deduplicate": 0})
+                      column_names=["rack", "budget_w", "set_at"], settings=OWN_RECORD_SETTINGS)
     except Exception as exc:
         raise as_store_error(exc, "cannot record the rack budgets") from exc
 
@@ -249,7 +256,8 @@ def reset_watermark(client: Client, topic: str, partition: int, stored: int, log
     finds the same partition again on its next start and records a second reset, never loses one."""
     try:
         client.insert("sink_topic_resets", [(datetime.now(timezone.utc), topic, partition, stored, log_end)],
-                      column_names=["at", "topic", "partition", "stored_before", "log_end"])
+                      column_names=["at", "topic", "partition", "stored_before", "log_end"],
+                      settings={"distributed_foreground_insert": 1})
         if shape is None or not shape.cluster:
             client.command("ALTER TABLE sink_watermarks DELETE WHERE topic = {t:String} AND partition = {p:UInt16}",
                            parameters={"t": topic, "p": partition}, settings={"mutations_sync": 2})

@@ -184,39 +184,41 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
     repairs = RepairFeed(settings) if follow_repairs else None
     if repairs is not None:
         await repairs.start()
-    async with Publisher(settings, client_id=f"fleetpulse-simulator-{sim.run_id}") as pub:
-        for k in range(ticks):
-            if stop is not None and stop.is_set():
-                break
-            for host, action in repairs.take() if repairs is not None else ():
-                if host in sim.fleet.hosts:
-                    sim.repaired(host, action)
-            if speed > 0:
-                due = (sim.start_ts + k * interval - clock0) if aligned else k * interval / speed
-                delay = due - ((time.time() - clock0) if aligned else (time.monotonic() - wall0))
-                if delay > 0:
-                    await _sleep_or_stop(delay, stop)
-                    if stop is not None and stop.is_set():
-                        break
-            tick = sim.step()
-            await pub.send_many(TRUTH, tick.truth)
-            await pub.send_many(XID, tick.xid)
-            await pub.send_many(SAMPLES, tick.samples)
-            await pub.send_many(NCCL, tick.timings if per_rank_nccl else tick.nccl)
-            truth.extend(tick.truth)
-            gpu_readings += sum(len(s["gpus"]) for s in tick.samples)
-            nccl_timings += sum(len(n["ranks"]) for n in tick.nccl)
-            if speed > 0:
-                await pub.flush()
-            else:
-                await asyncio.sleep(0)
-            done += 1
-            if on_tick is not None:
-                on_tick(tick, pub)
-        await pub.flush()
-        sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, TRUTH)}
-    if repairs is not None:
-        await repairs.stop()
+    try:
+        async with Publisher(settings, client_id=f"fleetpulse-simulator-{sim.run_id}") as pub:
+            for k in range(ticks):
+                if stop is not None and stop.is_set():
+                    break
+                for host, action in repairs.take() if repairs is not None else ():
+                    if host in sim.fleet.hosts:
+                        sim.repaired(host, action)
+                if speed > 0:
+                    due = (sim.start_ts + k * interval - clock0) if aligned else k * interval / speed
+                    delay = due - ((time.time() - clock0) if aligned else (time.monotonic() - wall0))
+                    if delay > 0:
+                        await _sleep_or_stop(delay, stop)
+                        if stop is not None and stop.is_set():
+                            break
+                tick = sim.step()
+                await pub.send_many(TRUTH, tick.truth)
+                await pub.send_many(XID, tick.xid)
+                await pub.send_many(SAMPLES, tick.samples)
+                await pub.send_many(NCCL, tick.timings if per_rank_nccl else tick.nccl)
+                truth.extend(tick.truth)
+                gpu_readings += sum(len(s["gpus"]) for s in tick.samples)
+                nccl_timings += sum(len(n["ranks"]) for n in tick.nccl)
+                if speed > 0:
+                    await pub.flush()
+                else:
+                    await asyncio.sleep(0)
+                done += 1
+                if on_tick is not None:
+                    on_tick(tick, pub)
+            await pub.flush()
+            sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, TRUTH)}
+    finally:
+        if repairs is not None:
+            await repairs.stop()
     return SimulationReport(
         run_id=sim.run_id, scenario=sim.scenario.name, seed=seed, hosts=hosts, gpus=sim.fleet.n_gpus,
         interval=interval, ticks=done, start_ts=sim.start_ts, end_ts=sim.start_ts + max(done - 1, 0) * interval,
@@ -256,12 +258,15 @@ class RepairFeed:
         return out
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        if self.consumer is not None:
-            await self.consumer.stop()
+        """Stop following; a feed that died on its own (the broker gone) took only the repairs with it."""
+        try:
+            if self.task is not None:
+                self.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self.task
+        finally:
+            if self.consumer is not None:
+                await self.consumer.stop()
 
 
 async def _sleep_or_stop(delay: float, stop: asyncio.Event | None) -> None:

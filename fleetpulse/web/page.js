@@ -164,8 +164,11 @@ async function main() {
     main.append(el("section", { class: "panel", "data-panel": p.name, style: `grid-column: span ${p.width}` },
       el("h2", {}, p.title), el("p", { class: "desc" }, p.description), el("div", { class: "body" })));
   }
-  await refresh(panels);
-  setInterval(() => refresh(panels), 5000);
+  const again = async () => {  // the next refresh 5 s after this one finished: a slow store never piles them up
+    await refresh(panels);
+    setTimeout(again, 5000);
+  };
+  await again();
 }
 
 main();

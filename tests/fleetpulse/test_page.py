@@ -10,13 +10,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from core.settings import CommonSettings
 from fleetpulse import page
 from fleetpulse.panels import PANELS
+from tests.fleetpulse.test_stack import free_port
 from tests.schemas.test_rollups import START, batches, insert_all, records
 
 
 @pytest.fixture
 async def client(db, clickhouse_url, clickhouse_database):
     insert_all(db, batches(records()))
-    settings = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database)
+    settings = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database,
+                              query_port=free_port())  # no sink of anyone's answers there: the page opens the store
     async with TestClient(TestServer(page.make_app(settings))) as c:
         yield c
 
@@ -38,6 +40,7 @@ async def test_the_bucket_grows_with_the_range_in_whole_minutes(client):
 
 
 @pytest.mark.parametrize("path, status", [
+    ("/api/panel/drains?from=0&to=100000000000000000", 400),
     ("/api/panel/drop_everything?from=0&to=1", 404),
     ("/api/panel/drains?from=0", 400),
     ("/api/panel/drains?from=abc&to=1", 400),
