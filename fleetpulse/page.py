@@ -22,7 +22,7 @@ from aiohttp import web
 from core.errors import FleetpulseError, StoreError
 from core.settings import CommonSettings, load
 from fleetpulse.panels import BY_NAME, PANELS, expand
-from fleetpulse.query import ask_owner, query
+from fleetpulse.query import query
 
 log = logging.getLogger("fleetpulse.page")
 WEB = Path(__file__).with_name("web")
@@ -44,23 +44,17 @@ def _range(request: web.Request) -> tuple[datetime, datetime, int]:
     return start, end, interval
 
 
-def _ask(settings: CommonSettings, sql: str, owner_only: bool) -> dict:
-    sql = f"{sql}\nFORMAT JSONCompact"
-    if owner_only:  # inside `up`: the sink owns the embedded store, and opening it here would fight it for the store
-        answer = ask_owner(settings, sql, 30)
-        if answer is None:
-            raise StoreError("the sink that owns the store is not answering yet")
-        return orjson.loads(answer)
-    return orjson.loads(query(settings, sql))
-
-
 def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Application:
-    """The page's routes. owner_only: ask only the running sink that owns the embedded store, never open it."""
-    owner_only = owner_only and settings.embedded_store
+    """The page's routes. owner_only (inside `up`): ask only the running sink that owns the embedded store, never open
+    it beside the sink."""
+
+    def ask(sql: str) -> dict:
+        return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact", open_store=not owner_only,
+                                  timeout=30 if owner_only else 300))
 
     async def answer(sql: str) -> dict:
         try:
-            return await asyncio.to_thread(_ask, settings, sql, owner_only)
+            return await asyncio.to_thread(ask, sql)
         except StoreError as exc:
             raise web.HTTPServiceUnavailable(text=f"the store did not answer: {exc}\n") from None
 

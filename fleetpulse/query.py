@@ -38,11 +38,15 @@ def ask_owner(settings: CommonSettings, sql: str, timeout: float = 300) -> bytes
                          f"{exc!r}") from None
 
 
-def query(settings: CommonSettings, sql: str) -> bytes:
+def query(settings: CommonSettings, sql: str, *, open_store: bool = True, timeout: float = 300) -> bytes:
+    """The statement's raw output: from the sink that owns the embedded store, else from the store itself (unless
+    `open_store` is false: then a StoreError while no owner answers), or from the server CLICKHOUSE_URL names."""
     if settings.embedded_store:
-        answer = ask_owner(settings, sql)
+        answer = ask_owner(settings, sql, timeout)
         if answer is not None:
             return answer
+        if not open_store:
+            raise StoreError("the sink that owns the store is not answering yet")
     from sinks.store import as_store_error, connect, run_sql
 
     client = connect(settings)

@@ -6,8 +6,6 @@ action (scaled by the run's speed), as the evaluation's bot does on simulated ti
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import time
 
@@ -23,34 +21,9 @@ from schemas.topics import DRAIN, REMEDIATION
 log = logging.getLogger("fleetpulse.up.bot")
 
 
-class WallClockBot:
-    """SimulatedBot's answers, each released `delay / speed` wall seconds after its request arrived (at once at
-    speed 0, a flat-out run); the answer's own time stays the request's simulated time plus the delay."""
-
-    def __init__(self, config: BotConfig, speed: float):
-        self.bot = SimulatedBot(config)
-        self.speed = speed
-        self._due: list[tuple[float, int, object]] = []
-        self._order = itertools.count()
-        self.answered = 0
-
-    def receive(self, event: dict, now: float) -> None:
-        wait = self.bot.delay(event) / self.speed if self.speed > 0 else 0.0
-        self.bot.receive(event)
-        for result in self.bot.due(float("inf")):  # the answer just queued, released below on the wall clock
-            heapq.heappush(self._due, (now + wait, next(self._order), result))
-
-    def due(self, now: float) -> list:
-        out = []
-        while self._due and self._due[0][0] <= now:
-            out.append(heapq.heappop(self._due)[2])
-        self.answered += len(out)
-        return out
-
-
 async def answer_drains(settings: CommonSettings, config: BotConfig, speed: float, stop: asyncio.Event) -> int:
     """Answer every drain event published from now until `stop`; returns how many answers went out."""
-    bot = WallClockBot(config, speed)
+    bot = SimulatedBot(config)
     topic = DRAIN.full(settings.topic_prefix)
     consumer = AIOKafkaConsumer(**settings.kafka_client_args(), enable_auto_commit=False)
     await consumer.start()
@@ -65,7 +38,8 @@ async def answer_drains(settings: CommonSettings, config: BotConfig, speed: floa
                         try:
                             event = decode(record.value)
                             if type(event) is dict and {"event_id", "host", "action", "ts"} <= event.keys():
-                                bot.receive(event, time.monotonic())
+                                wait = bot.delay(event) / speed if speed > 0 else 0.0  # speed 0: flat out
+                                bot.receive(event, release_at=time.monotonic() + wait)
                         except (DecodeError, ValueError, TypeError, KeyError) as exc:
                             # the sink dead-letters what it cannot store; a bot skips what it cannot act on
                             log.warning("simulated bot: skipped %s[%d]@%d: %s", record.topic, record.partition,
@@ -75,4 +49,4 @@ async def answer_drains(settings: CommonSettings, config: BotConfig, speed: floa
                 await pub.flush()
     finally:
         await consumer.stop()
-    return bot.answered
+    return sum(bot.answered.values())

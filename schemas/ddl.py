@@ -43,12 +43,12 @@ def create_table(table: Table, layout: Layout = ONE_SERVER, retention: dict[str,
     )
 
 
-def _sink_table(layout: Layout, name: str, columns: list[str], engine: str, tail: str, shard_by: str,
+def _sink_table(layout: Layout, name: str, columns: list[str], engine: str, tail: str, shard_by: tuple[str, ...],
                 *args: str) -> list[str]:
     """One of the sink's own tables (and its Distributed table on a cluster)."""
     body = ",\n    ".join(columns)
     return [f"CREATE TABLE IF NOT EXISTS {layout.local(name)}{layout.on}\n(\n    {body}\n)\n"
-            f"ENGINE = {layout.engine(engine, name, *args)}\n{tail}"] + layout.distributed(name, shard_by)
+            f"ENGINE = {layout.engine(engine, name, *args)}\n{tail}"] + layout.distributed(name, *shard_by)
 
 
 def create_watermarks(layout: Layout = ONE_SERVER) -> list[str]:
@@ -56,7 +56,7 @@ def create_watermarks(layout: Layout = ONE_SERVER) -> list[str]:
     cluster each shard keeps the highest it stored; the sink reads the highest of all."""
     return _sink_table(layout, WATERMARKS, ["`topic` LowCardinality(String)", "`partition` UInt16",
                                             "`offset` SimpleAggregateFunction(max, UInt64)"],
-                       "AggregatingMergeTree", "ORDER BY (topic, partition)", "cityHash64(topic, partition)")
+                       "AggregatingMergeTree", "ORDER BY (topic, partition)", ("topic", "partition"))
 
 
 def create_resets(layout: Layout = ONE_SERVER) -> list[str]:
@@ -64,7 +64,7 @@ def create_resets(layout: Layout = ONE_SERVER) -> list[str]:
     dropped and their records read as new. Also the epoch of a topic's insert deduplication tokens (sinks/batch.py)."""
     return _sink_table(layout, RESETS, ["`at` DateTime64(3, 'UTC')", "`topic` LowCardinality(String)",
                                         "`partition` UInt16", "`stored_before` UInt64", "`log_end` UInt64"],
-                       "MergeTree", "ORDER BY (topic, partition, at)", "cityHash64(topic)")
+                       "MergeTree", "ORDER BY (topic, partition, at)", ("topic",))
 
 
 def create_inflight(layout: Layout = ONE_SERVER) -> list[str]:
@@ -73,7 +73,7 @@ def create_inflight(layout: Layout = ONE_SERVER) -> list[str]:
     return _sink_table(layout, INFLIGHT, ["`at` DateTime64(3, 'UTC')", "`topic` LowCardinality(String)",
                                           "`token` String", "`epoch` UInt32",
                                           "`ranges` Array(Tuple(UInt16, UInt64, UInt64))"],
-                       "MergeTree", "ORDER BY (topic, at)\nTTL toDateTime(at) + toIntervalDay(7)", "cityHash64(topic)")
+                       "MergeTree", "ORDER BY (topic, at)\nTTL toDateTime(at) + toIntervalDay(7)", ("topic",))
 
 
 def create_rack_budgets(layout: Layout = ONE_SERVER) -> list[str]:
@@ -81,7 +81,7 @@ def create_rack_budgets(layout: Layout = ONE_SERVER) -> list[str]:
     rack's latest budget."""
     return _sink_table(layout, RACK_BUDGETS, ["`rack` LowCardinality(String)", "`budget_w` Float64",
                                               "`set_at` DateTime64(3, 'UTC')"],
-                       "ReplacingMergeTree", "ORDER BY rack", "cityHash64(rack)", "set_at")
+                       "ReplacingMergeTree", "ORDER BY rack", ("rack",), "set_at")
 
 
 def create_watermark_view(table: Table, layout: Layout = ONE_SERVER, topic_prefix: str = "") -> str:
@@ -112,8 +112,7 @@ def table_statements(layout: Layout, topic_prefix: str, retention: dict[str, int
     out = [f"CREATE DATABASE IF NOT EXISTS {layout.database}{layout.on}", *create_watermarks(layout),
            *create_resets(layout), *create_inflight(layout), *create_rack_budgets(layout)]
     for table in TABLES.values():
-        shard_by = f"cityHash64({table.shard_by})"
-        out += [create_table(table, layout, retention), *layout.distributed(table.name, shard_by),
+        out += [create_table(table, layout, retention), *layout.distributed(table.name, table.shard_by),
                 create_watermark_view(table, layout, topic_prefix)]
     return out
 

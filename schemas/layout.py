@@ -33,6 +33,17 @@ class Layout:
         """The table that keeps the rows of `name`, with its database."""
         return f"{self.database}.{name}_local" if self.cluster else f"{self.database}.{name}"
 
+    def kept(self, stored: str) -> str | None:
+        """The name whose rows the live table `stored` keeps: itself on one server, `x` for `x_local` on a cluster
+        (None for a Distributed table there)."""
+        if not self.cluster:
+            return stored
+        return stored.removesuffix("_local") if stored.endswith("_local") else None
+
+    def tables(self, name: str) -> list[str]:
+        """Every live table under the name `name`: itself, and on a cluster its local table too."""
+        return [name, f"{name}_local"] if self.cluster else [name]
+
     def engine(self, engine: str, name: str, *args: str) -> str:
         """`engine` (a MergeTree family member) for the rows of `name`: replicated on a cluster, its replication path
         per shard in Keeper."""
@@ -47,9 +58,11 @@ class Layout:
         kind = "replicated" if self.cluster else "non_replicated"
         return f"{kind}_deduplication_window = 10000"
 
-    def distributed(self, name: str, shard_by: str) -> list[str]:
-        """The Distributed table `name` over `name`_local, rows sent to a shard by `shard_by` (none on one server)."""
+    def distributed(self, name: str, *shard_by: str) -> list[str]:
+        """The Distributed table `name` over `name`_local, rows sent to a shard by the hash of the `shard_by` columns
+        (none on one server)."""
         if not self.cluster:
             return []
         return [f"CREATE TABLE IF NOT EXISTS {self.database}.{name}{self.on} AS {self.local(name)}\n"
-                f"ENGINE = Distributed({self.cluster}, {self.database}, {name}_local, {shard_by})"]
+                f"ENGINE = Distributed({self.cluster}, {self.database}, {name}_local, "
+                f"cityHash64({', '.join(shard_by)}))"]

@@ -67,7 +67,7 @@ class Rollup:
                f"TTL {ttl}\nSETTINGS {settings}\nEMPTY AS {self.aggregates(layout.database)[0]}"]
         out += [f"ALTER TABLE {here}{on} ADD COLUMN IF NOT EXISTS `{name}` {type_}"
                 for name, type_ in self.more_columns]
-        out += layout.distributed(self.name, f"cityHash64({self.shard_by})")
+        out += layout.distributed(self.name, self.shard_by)
         if layout.cluster:  # a Distributed table made before a further column was added gets it too
             out += [f"ALTER TABLE {layout.database}.{self.name}{on} ADD COLUMN IF NOT EXISTS `{name}` {type_}"
                     for name, type_ in self.more_columns]

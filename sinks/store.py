@@ -93,14 +93,7 @@ def _tables(client: Client, shape: Layout) -> set[str]:
     """The tables that keep rows, by the name the sink and analysts use (on a cluster, those with a local table)."""
     rows = client.query("SELECT name FROM system.tables WHERE database = {db:String}",
                         parameters={"db": shape.database})
-    return {kept for (name,) in rows.result_rows if (kept := _kept(shape, name))}
-
-
-def _kept(shape: Layout, stored: str) -> str | None:
-    """The name whose rows the table `stored` keeps: itself on one server, `x` for `x_local` on a cluster."""
-    if not shape.cluster:
-        return stored
-    return stored.removesuffix("_local") if stored.endswith("_local") else None
+    return {kept for (name,) in rows.result_rows if (kept := shape.kept(name))}
 
 
 def _command(client: Client, stmt: str, context: str) -> None:
@@ -115,7 +108,7 @@ def _retention_changes(client: Client, settings: CommonSettings, shape: Layout) 
     rows = client.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
                         parameters={"db": shape.database}).result_rows
     live = {kept: m.group(1) for name, engine in rows
-            if (kept := _kept(shape, name)) and (m := _TTL_DAYS.search(engine))}
+            if (kept := shape.kept(name)) and (m := _TTL_DAYS.search(engine))}
     want = {t.name: (t.time_column, days(t.tier, settings.retention)) for t in TABLES.values()}
     want |= {r.name: (r.time_column, days("rollup", settings.retention)) for r in ROLLUPS.values()}
     return [(name, ttl_expression(column, n)) for name, (column, n) in want.items()
@@ -138,7 +131,7 @@ def add_missing_columns(client: Client, database: str, cluster: str | None = Non
         live.setdefault(table, set()).add(name)
     applied = []
     for table in TABLES.values():  # on a cluster each of the two tables by itself: one may have the column already
-        for target in [table.name] + ([f"{table.name}_local"] if cluster else []):
+        for target in shape.tables(table.name):
             have = live.get(target)
             if not have:
                 continue
@@ -202,7 +195,7 @@ def _live_columns(client: Client, shape: Layout) -> dict[str, list[tuple[str, st
     ).result_rows
     live: dict[str, list[tuple[str, str, str]]] = {}
     for table, name, type_, codec in rows:
-        if kept := _kept(shape, table):
+        if kept := shape.kept(table):
             live.setdefault(kept, []).append((name, type_, normalise_codec(codec)))
     return live
 

@@ -71,8 +71,10 @@ class SimulatedBot:
             return c.fix_s("replace" if action == "replace" else _repair_kind(event))
         return {"drain": c.drain_s, "validate": c.validate_s}.get(action, c.undrain_s)
 
-    def receive(self, event: Mapping) -> None:
-        """Queue the answer to one DrainEvent (as decoded from fleet.drain.events)."""
+    def receive(self, event: Mapping, release_at: float | None = None) -> None:
+        """Queue the answer to one DrainEvent (as decoded from fleet.drain.events). It is released by `due` once its
+        simulated time has come, or once `release_at` has, on whatever clock the caller gives `due` (`up` releases
+        answers on the wall clock); the answer's own time is the request's plus the action's delay either way."""
         due = float(event["ts"]) + self.delay(event)
         measurements: dict[str, float] = {}
         detail = f"simulated {event['action']} done"
@@ -84,10 +86,10 @@ class SimulatedBot:
                      f"{measurements['nccl_busbw_gbs']:g} GB/s"
         result = RemediationResult(event_id=event["event_id"], host=event["host"], action=event["action"], ok=True,
                                    ts=due, detail=detail, measurements=measurements)
-        heapq.heappush(self._due, (due, next(self._order), result))
+        heapq.heappush(self._due, (due if release_at is None else release_at, next(self._order), result))
 
     def due(self, now: float) -> list[RemediationResult]:
-        """Answers whose simulated time has come, oldest first."""
+        """Answers whose release time has come, oldest first."""
         out = []
         while self._due and self._due[0][0] <= now:
             result = heapq.heappop(self._due)[2]

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from core.settings import CommonSettings
 from fleetpulse import page
 from fleetpulse.panels import PANELS
-from tests.fleetpulse.test_stack import free_port
+from tests.conftest import free_ports
 from tests.schemas.test_rollups import START, batches, insert_all, records
 
 
@@ -18,7 +18,7 @@ from tests.schemas.test_rollups import START, batches, insert_all, records
 async def client(db, clickhouse_url, clickhouse_database):
     insert_all(db, batches(records()))
     settings = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database,
-                              query_port=free_port())  # no sink of anyone's answers there: the page opens the store
+                              query_port=free_ports())  # no sink of anyone's answers there: the page opens the store
     async with TestClient(TestServer(page.make_app(settings))) as c:
         yield c
 
