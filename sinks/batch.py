@@ -1,11 +1,15 @@
-"""Per-table row batches that remember which Kafka offsets they cover, and which record each row came from."""
+"""Per-table row batches that remember which Kafka offsets they cover, and which record each row came from.
+
+What a batch holds for a record is what its insert sends: the record's rows as tuples (Table.rows), or, for a table
+whose rows the engine extracts (schemas/json_intake.py), the record as one JSON line that becomes `count` rows."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from schemas.json_intake import JsonIntake
 from schemas.tables import Table
 
 
@@ -14,10 +18,12 @@ class Entry(NamedTuple):
 
     partition: int
     offset: int
-    start: int  # its rows are batch.rows[start:end]
+    start: int  # what it sends is batch.rows[start:end]
     end: int
     value: bytes | None
     key: bytes | None
+    count: int  # the rows it stores
+    kafka_ts: int  # its Kafka timestamp (ms)
 
 
 @dataclass
@@ -26,11 +32,13 @@ class Batch:
 
     table: Table
     topic: str  # the topic's name on the cluster (prefix included)
-    rows: list[tuple] = field(default_factory=list)
+    rows: list = field(default_factory=list)  # tuples, or JSON lines (bytes) when `intake` extracts the rows
     ranges: dict[int, list[int]] = field(default_factory=dict)
     entries: list[Entry] = field(default_factory=list)  # records with rows, in the order they came
     opened: float | None = None
     epoch: int = 0  # times one of the topic's partitions was found recreated: its offsets begin again
+    intake: JsonIntake | None = None  # the engine extracts the rows from each record's line
+    count: int = 0  # rows the batch stores
 
     def cover(self, partition: int, offset: int) -> None:
         """Account for an offset (with or without rows: dead-lettered records must be committed too)."""
@@ -42,17 +50,21 @@ class Batch:
         if self.opened is None:
             self.opened = time.monotonic()
 
-    def add(self, partition: int, offset: int, rows: list[tuple], value: bytes | None = None,
-            key: bytes | None = None) -> None:
-        if rows:
-            self.entries.append(Entry(partition, offset, len(self.rows), len(self.rows) + len(rows), value, key))
+    def add(self, partition: int, offset: int, rows: list, value: bytes | None = None,
+            key: bytes | None = None, count: int | None = None, kafka_ts: int = 0) -> None:
+        """A record's rows (or its line, which stores `count` rows); a record with none is only covered."""
+        count = len(rows) if count is None else count
+        if rows and count:
+            self.entries.append(Entry(partition, offset, len(self.rows), len(self.rows) + len(rows), value, key, count,
+                                      kafka_ts))
             self.rows.extend(rows)
+            self.count += count
         self.cover(partition, offset)
 
     def due(self, max_rows: int, max_age_s: float) -> bool:
         if self.opened is None:
             return False
-        return len(self.rows) >= max_rows or time.monotonic() - self.opened >= max_age_s
+        return self.count >= max_rows or time.monotonic() - self.opened >= max_age_s
 
     @property
     def empty(self) -> bool:
@@ -90,8 +102,16 @@ class Batch:
         """What to commit once the batch is durable: the offset after the last one covered."""
         return {p: b + 1 for p, (_, b) in self.ranges.items()}
 
+    def detach(self) -> Batch:
+        """The batch's records as a batch of their own (to be stored while the next ones gather); this one is emptied
+        to take those."""
+        taken = replace(self)
+        self.reset()
+        return taken
+
     def reset(self) -> None:
         self.rows = []
+        self.count = 0
         self.ranges = {}
         self.entries = []
         self.opened = None

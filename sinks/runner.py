@@ -14,6 +14,7 @@ from core.errors import DecodeError, StoreError
 from core.logs import LogBudget
 from schemas.provision import ensure_topics
 from schemas.dead_letter import dead_letter
+from schemas.json_intake import INTAKES
 from schemas.tables import TABLES, Table
 from sinks import inflight, store
 from sinks.batch import Batch, Entry
@@ -55,6 +56,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self.sink = sink
 
     async def on_partitions_revoked(self, revoked):
+        self.sink.generation += 1  # what the main loop fetched before this is no longer its to take
         await self.sink.flush_all()
 
     async def on_partitions_assigned(self, assigned):
@@ -78,7 +80,8 @@ class ClickHouseSink:
             raise StoreError(f"sink_tables: unknown tables {sorted(unknown)}")
         self.tables: dict[str, Table] = {n: TABLES[n] for n in names}
         self.by_topic = {t.topic.full(settings.topic_prefix): t for t in self.tables.values()}
-        self.batches = {topic: Batch(t, topic) for topic, t in self.by_topic.items()}
+        self.intakes = {n: INTAKES[n] for n in names if n in INTAKES} if settings.sink_json_intake else {}
+        self.batches = {topic: Batch(t, topic, intake=self.intakes.get(t.name)) for topic, t in self.by_topic.items()}
         self.stats = SinkStats(tables={n: TableStats() for n in names})
         # Writes go through one thread on one client; analysts' queries through another thread on a client of their
         # own, so a long query never holds ingestion up: chdb runs the two side by side (measured: 3,000 inserts
@@ -93,6 +96,12 @@ class ClickHouseSink:
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self.stored: dict[tuple[str, int], int] = {}  # highest offset already in ClickHouse, per partition
+        # One batch is stored and committed (flush) while the next gathers. The rebalance listener runs in aiokafka's
+        # own task, so it and the main loop may flush at once: `flushing` keeps settle-detach-store one step.
+        self.pending: asyncio.Task | None = None
+        self.flushing = asyncio.Lock()
+        self.failed: Exception | None = None  # what storing a batch raised: the sink stops on it, whoever saw it first
+        self.generation = 0  # partition revocations so far
         self.dlq_log = LogBudget()  # a flood of bad records is counted in full, logged 20 lines a minute
 
     async def db(self, fn, *args, **kwargs):
@@ -145,12 +154,12 @@ class ClickHouseSink:
             if records is None:
                 log.warning("the last batch of %s (%s) can no longer be read whole; not stored again", topic, token)
                 continue
-            again = Batch(batch.table, topic, epoch=epoch)
+            again = Batch(batch.table, topic, epoch=epoch, intake=batch.intake)
             for rec in records:
                 try:
                     value = batch.table.topic.decode_keyed(rec.key, rec.value)
-                    again.add(rec.partition, rec.offset, batch.table.rows(value, rec.partition, rec.offset,
-                                                                          rec.timestamp), rec.value, rec.key)
+                    rows, count = self.unit(again, rec, value)
+                    again.add(rec.partition, rec.offset, rows, rec.value, rec.key, count, rec.timestamp)
                 except DecodeError:
                     continue  # dead-lettered when it was first read, before the insert
             again.ranges = {p: list(span) for p, span in ranges.items()}
@@ -202,20 +211,28 @@ class ClickHouseSink:
         try:
             while not stop.is_set():
                 fetched = await self.consumer.getmany(timeout_ms=100, max_records=self.settings.sink_fetch_max_records)
+                generation = self.generation
                 for tp, records in fetched.items():
-                    await self.take(tp, records)
+                    await self.take(tp, records, generation)
                 for batch in self.batches.values():
                     if batch.due(self.settings.sink_batch_max_rows, self.settings.sink_batch_max_seconds):
                         await self.flush(batch)
+                if self.failed is not None or (self.pending is not None and self.pending.done()):
+                    await self.settle()  # what storing a batch raised, raised here
             await self.flush_all()
         finally:
             await self.close()
 
-    async def take(self, tp: TopicPartition, records) -> None:
+    async def take(self, tp: TopicPartition, records, generation: int) -> None:
+        """Batch the records fetched (dead-lettering the ones refused), flushing a full batch. Stops when the partitions
+        were revoked since they were fetched: the listener stored what was taken, and a record taken after that would
+        be taken again from the partition's next owner (this sink too), and stored twice."""
         batch = self.batches[tp.topic]
         stats = self.stats.tables[batch.table.name]
         stored = self.stored.get((tp.topic, tp.partition), -1)
         for rec in records:
+            if self.generation != generation:
+                return
             if rec.offset <= stored:  # the seek above can race the fetcher; never insert a stored offset twice
                 stats.already_stored += 1
                 batch.cover(tp.partition, rec.offset)
@@ -223,15 +240,27 @@ class ClickHouseSink:
             stats.records += 1
             try:
                 value = batch.table.topic.decode_keyed(rec.key, rec.value)
-                rows = batch.table.rows(value, tp.partition, rec.offset, rec.timestamp)
+                rows, count = self.unit(batch, rec, value)
             except DecodeError as exc:
                 await self.send_dead_letter(tp.topic, tp.partition, rec.offset, rec.value, rec.key, str(exc))
                 stats.dead_letters += 1
+                if self.generation != generation:
+                    return  # its offset is the next owner's to commit (it dead-letters it again: at least once)
                 batch.cover(tp.partition, rec.offset)
                 continue
-            batch.add(tp.partition, rec.offset, rows, rec.value, rec.key)
-            if len(batch.rows) >= self.settings.sink_batch_max_rows:
+            batch.add(tp.partition, rec.offset, rows, rec.value, rec.key, count, rec.timestamp)
+            if batch.count >= self.settings.sink_batch_max_rows:
                 await self.flush(batch)
+
+    @staticmethod
+    def unit(batch: Batch, rec, value: dict) -> tuple[list, int | None]:
+        """What the batch holds for a checked record: its rows, or, where the engine extracts them, its line and how
+        many rows that stores."""
+        table, intake = batch.table, batch.intake
+        if intake is None:
+            return table.rows(value, rec.partition, rec.offset, rec.timestamp), None
+        count = len(value[table.items])
+        return ([intake.line(rec.value, rec.partition, rec.offset, rec.timestamp)] if count else []), count
 
     async def send_dead_letter(self, topic: str, partition: int, offset: int, value: bytes | None, key: bytes | None,
                                reason: str) -> None:
@@ -244,9 +273,33 @@ class ClickHouseSink:
             log.warning("dead-lettered %s[%d]@%d: %s%s", topic, partition, offset, reason, self.dlq_log.suffix(held))
 
     async def flush(self, batch: Batch) -> None:
+        """Store the batch's records and then commit their offsets, while the next ones are read: the insert runs on
+        the store's thread (the engine parses and writes there), one at a time. A second flush first waits for the
+        first to be stored and committed (settle), so offsets are committed in order, each after its rows."""
+        async with self.flushing:
+            await self._settle()
+            if not batch.empty:
+                self.pending = asyncio.create_task(self.store_batch(batch.detach()))
+
+    async def settle(self) -> None:
+        """Wait for the batch being stored to be stored and committed; raises what storing it (or an earlier batch)
+        raised."""
+        async with self.flushing:
+            await self._settle()
+
+    async def _settle(self) -> None:
+        if self.pending is not None:
+            try:
+                await self.pending
+            except Exception as exc:
+                self.failed = self.failed or exc
+            finally:
+                self.pending = None
+        if self.failed is not None:
+            raise self.failed
+
+    async def store_batch(self, batch: Batch) -> None:
         """Insert the batch (retrying what is retryable), then commit its offsets."""
-        if batch.empty:
-            return
         stats = self.stats.tables[batch.table.name]
         if batch.rows:
             await self.db(store.record_inflight, self.client, batch.topic, batch.token(), batch.epoch, batch.ranges)
@@ -254,9 +307,7 @@ class ClickHouseSink:
             stats.rows += await self.insert_batch(batch)
             stats.last_insert_ms = round((time.perf_counter() - began) * 1000, 2)
             stats.batches += 1
-        offsets = {TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()}
-        batch.reset()
-        await self.consumer.commit(offsets)
+        await self.consumer.commit({TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()})
 
     async def insert_batch(self, batch: Batch, again: bool = False) -> int:
         """Insert the batch; the rows stored. When the store refuses rows of it (a value a column cannot hold, a
@@ -265,10 +316,12 @@ class ClickHouseSink:
         from when it was first inserted: its refused records are not sent twice."""
         try:
             await self.insert_with_retry(batch, batch.rows, batch.token())
-            return len(batch.rows)
+            return batch.count
         except StoreError as exc:
             if not exc.bad_rows:
                 raise
+            if batch.intake is not None and await self.stored_as_rows(batch, batch.entries, batch.token(), exc):
+                return batch.count
             log.warning("%s refused rows of a batch of %d records (%s); finding the records at fault",
                         batch.table.name, len(batch.entries), exc)
             self.stats.tables[batch.table.name].split_batches += 1
@@ -277,7 +330,7 @@ class ClickHouseSink:
             if len(refused) == len(batch.entries) > 1:
                 log.error("%s refused every one of %d records (%s): the table itself may be at fault; they are in %s",
                           batch.table.name, len(refused), exc, batch.table.topic.dlq(self.settings.topic_prefix))
-        return len(batch.rows) - sum(e.end - e.start for e in refused)
+        return batch.count - sum(e.count for e in refused)
 
     async def isolate(self, batch: Batch, entries: list[Entry], exc: StoreError,
                       dead_letter: bool = True) -> list[Entry]:
@@ -286,6 +339,8 @@ class ClickHouseSink:
         the batch's records (the resume watermark, the highest stored offset, stays true across a crash)."""
         if len(entries) == 1:
             e = entries[0]
+            if batch.intake is not None and await self.stored_as_rows(batch, entries, batch.segment_token(entries), exc):
+                return []
             if dead_letter:
                 await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key,
                                             f"the store refused it: {exc}")
@@ -302,22 +357,52 @@ class ClickHouseSink:
                 refused += await self.isolate(batch, half, sub, dead_letter)
         return refused
 
-    async def insert_with_retry(self, batch: Batch, rows: list[tuple], token: str) -> None:
+    async def stored_as_rows(self, batch: Batch, entries: list[Entry], token: str, exc: StoreError) -> bool:
+        """Records the checks passed and the engine's extraction refused (`exc`), stored the way of the other tables:
+        their rows from Python, under a token of their own (the same on a replay). The whole batch is tried this way
+        first (a JSON form the validator reads and ClickHouse's parser does not, such as a key given twice, costs one
+        more insert), then each record that still stands alone in `isolate`. False when the store refuses those rows
+        too (a constraint, a value out of a column's range): the records at fault are found by halving."""
+        table = batch.table
+        rows = [row for e in entries
+                for row in table.rows(table.topic.decode_keyed(e.key, e.value), e.partition, e.offset, e.kafka_ts)]
+        try:
+            await self.insert_with_retry(batch, rows, token + "|rows", as_rows=True)
+        except StoreError as refused:
+            if not refused.bad_rows:
+                raise
+            return False
+        show, held = self.dlq_log.take()
+        if show:
+            first = entries[0]
+            log.warning("%s[%d]@%d (%d records): stored from Python rows, the engine refused their JSON: %s%s",
+                        batch.topic, first.partition, first.offset, len(entries), exc, self.dlq_log.suffix(held))
+        return True
+
+    async def insert_with_retry(self, batch: Batch, rows: list, token: str, as_rows: bool = False) -> None:
+        s = self.settings
+        if batch.intake is None or as_rows:
+            call = (store.insert, self.client, batch.table.name, batch.table.column_names, rows, token,
+                    s.sink_max_partitions_per_insert)
+        else:
+            call = (store.insert_lines, self.client, batch.table.name, batch.intake, rows, token,
+                    s.sink_max_partitions_per_insert, s.embedded_store)
         for attempt in range(self.settings.sink_insert_retries + 1):
             try:
-                await self.db(store.insert, self.client, batch.table.name, batch.table.column_names, rows, token,
-                              self.settings.sink_max_partitions_per_insert)
+                await self.db(*call)
                 return
             except StoreError as exc:
                 if not exc.retryable or attempt == self.settings.sink_insert_retries:
                     raise
                 delay = min(0.2 * 2**attempt, 10.0)
                 log.warning("retryable insert failure (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)  # consumption waits too: the sink pauses rather than drops
+                await asyncio.sleep(delay)  # consumption stops at the next full batch: the sink pauses, never drops
 
     async def flush_all(self) -> None:
+        """Every batch stored and committed before this returns (a revoked partition, a stop)."""
         for batch in self.batches.values():
             await self.flush(batch)
+        await self.settle()
 
     async def query(self, sql: str) -> bytes:
         """An analyst's read-only statement on the sink's own store (the one process allowed to open an embedded
@@ -331,6 +416,10 @@ class ClickHouseSink:
 
     async def close(self) -> None:
         self.stats.ready = False
+        try:  # stopping on an error: the batch being stored finishes (or fails) before the consumer goes
+            await self.settle()
+        except Exception as exc:  # the error that stopped the sink is the one raised
+            log.warning("stopping with a batch not stored (%s): its records are read again at the next start", exc)
         if self.consumer is not None:
             await self.consumer.stop()
         if self.producer is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 from datetime import datetime, timezone
 
 import clickhouse_connect
@@ -12,7 +13,9 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 
 from core.errors import StoreError
 from core.settings import CommonSettings
+from schemas import json_intake
 from schemas.ddl import days, expected_columns, normalise_codec, rollup_statements, table_statements, ttl_expression
+from schemas.json_intake import JsonIntake
 from schemas.layout import Layout
 from schemas.rollups import ROLLUPS
 from schemas.tables import TABLES
@@ -28,6 +31,7 @@ RETRYABLE_CODES = {159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999}
 BAD_ROW_CODES = {6, 27, 38, 41, 53, 69, 70, 72, 117, 131, 321, 349, 469}
 # Code 252 is also "too many parts", which waiting mends; this one only a smaller insert does.
 TOO_MANY_PARTITIONS = "Too many partitions for single INSERT block"
+MESSAGE_MAX = 2000
 
 # Explicit on every insert: ClickHouse >= 26.2 changed the defaults (async inserts, deduplication). On a cluster the
 # insert into a Distributed table returns once every shard stored its rows, under the same token (docs/cluster.md).
@@ -273,6 +277,26 @@ def insert(client: Client, table: str, column_names: list[str], rows: list[tuple
         raise as_store_error(exc, f"insert into {table} failed") from exc
 
 
+def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[bytes], token: str,
+                 max_partitions: int = 1000, embedded: bool = True) -> None:
+    """insert(), for a table whose rows the engine extracts from the records' JSON lines (schemas/json_intake.py): one
+    INSERT ... SELECT, under the token, reading the lines from the request's body on a server, from a file the
+    embedded engine reads (removed after) on chdb."""
+    settings = {**INSERT_SETTINGS, **json_intake.SETTINGS, "insert_deduplication_token": token,
+                "max_partitions_per_insert_block": max_partitions}
+    body = b"\n".join(lines)
+    try:
+        if not embedded:
+            client.command(intake.statement(table), data=body, settings=settings)
+            return
+        with tempfile.NamedTemporaryFile(prefix="fleetpulse-lines-", suffix=".jsonl") as file:
+            file.write(body)
+            file.flush()
+            client.command(intake.statement(table, file.name), settings=settings)
+    except Exception as exc:
+        raise as_store_error(exc, f"insert into {table} failed") from exc
+
+
 def run_sql(client: Client, sql: str) -> bytes:
     """Raw output of one statement: tab-separated unless the statement names its own FORMAT."""
     body, fmt = split(sql)
@@ -295,16 +319,20 @@ def run_guarded(client: Client, sql: str, limits: QueryLimits) -> bytes:
 
 
 def as_store_error(exc: Exception, context: str) -> StoreError:
-    """Decide retryable vs fatal at the edge, from the ClickHouse error code or the transport."""
+    """Decide retryable vs fatal at the edge, from the ClickHouse error code or the transport. The engine's message
+    is cut at MESSAGE_MAX characters: it can quote the whole statement, data included."""
     if isinstance(exc, StoreError):
         return exc
+    message = str(exc)
+    if len(message) > MESSAGE_MAX:
+        message = message[:MESSAGE_MAX] + f"… ({len(message) - MESSAGE_MAX} more characters)"
     code = getattr(exc, "code", None)
     if isinstance(exc, DataError) or code in BAD_ROW_CODES or (code == 252 and TOO_MANY_PARTITIONS in str(exc)):
-        return StoreError(f"{context}: {exc}", bad_rows=True)  # DataError: the client could not encode a value
+        return StoreError(f"{context}: {message}", bad_rows=True)  # DataError: the client could not encode a value
     retryable = isinstance(exc, OperationalError) or code in RETRYABLE_CODES
     if isinstance(exc, DatabaseError) and code is not None and code not in RETRYABLE_CODES:
         retryable = False
-    return StoreError(f"{context}: {exc}", retryable=retryable)
+    return StoreError(f"{context}: {message}", retryable=retryable)
 
 
 def redact(dsn: str) -> str:

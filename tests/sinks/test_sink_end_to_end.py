@@ -11,6 +11,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from core.errors import StoreError
 from core.kafka_admin import delete_prefixed
 from schemas.provision import ensure_topics
 from schemas.rollups import ROLLUPS
@@ -216,6 +217,72 @@ async def test_a_record_the_store_refuses_is_dead_lettered_once_and_the_rest_of_
     again = await sink_until(slow, lambda s: False, timeout=4)
     assert again.stats.tables["gpu_samples"].dead_letters == 0 and again.stats.tables["gpu_samples"].rows == 0
     assert rows_in(settings, "SELECT count() FROM gpu_samples") == [(len(good) * 8,)]
+
+
+async def test_a_record_the_engine_cannot_parse_but_the_checks_pass_is_stored_from_python_not_dead_lettered(settings):
+    """A key given twice: the samples topic's validator takes the last (as every JSON reader in the pipeline does),
+    ClickHouse's JSON parser refuses the line. The sink stores that record's rows from Python instead (its
+    extraction reads the record the way the validator did): what the stream worker accepts, the sink stores."""
+    now = time.time()
+    good = [sample(h, 0, now) for h in range(12)]
+    twice = sample(50, 0, now)
+    raw = b'{"rack":"first",' + encode(twice)[1:]  # the record's own "rack" (r12) comes after: it is the one read
+    await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
+    await produce(settings, good[:6])
+    producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(SAMPLES.full(settings.topic_prefix), raw, key=twice.host.encode())
+    finally:
+        await producer.stop()
+    await produce(settings, good[6:])
+    slow = settings.model_copy(update={"sink_batch_max_seconds": 5.0})
+    sink = await sink_until(slow, lambda s: s.stats.tables["gpu_samples"].rows >= 13 * 8)
+    stats = sink.stats.tables["gpu_samples"]
+    assert (stats.rows, stats.dead_letters, stats.split_batches) == (13 * 8, 0, 0)  # one more insert, no halving
+    assert rows_in(settings, "SELECT DISTINCT rack FROM gpu_samples WHERE host = 'h050'") == [("r12",)]
+    assert rows_in(settings, "SELECT count(), uniqExact(host, gpu_index) FROM gpu_samples") == [(13 * 8, 13 * 8)]
+
+
+async def test_a_rebalance_that_flushes_while_the_main_loop_flushes_stores_and_commits_each_batch_once(settings):
+    """aiokafka runs the rebalance listener (flush_all) in a task of its own: it can flush while the main loop waits
+    for the batch before to be stored. Each batch is then stored once and its offsets committed in order, and the
+    records fetched before the revocation are not taken after it."""
+    now = time.time() - 60
+    samples = [sample(h, s, now) for s in range(10) for h in range(8)]
+    await produce(settings, samples)
+    sink = ClickHouseSink(settings.model_copy(update={"sink_batch_max_seconds": 60.0}))
+    await sink.start()
+    try:
+        chunks, deadline = [], time.monotonic() + 60
+        while sum(len(r) for _, r in chunks) < len(samples) and time.monotonic() < deadline:
+            chunks += list((await sink.consumer.getmany(timeout_ms=500)).items())
+        batch = sink.batches[SAMPLES.full(settings.topic_prefix)]
+        for tp, records in chunks:
+            await sink.take(tp, records[:len(records) // 2], sink.generation)
+        await sink.flush(batch)  # stored while the rest is taken
+        for tp, records in chunks:
+            await sink.take(tp, records[len(records) // 2:], sink.generation)
+        await asyncio.gather(sink.flush(batch), sink.flush_all())  # the main loop's flush and the listener's at once
+        assert sink.stats.tables["gpu_samples"].batches == 2
+        ends = await sink.consumer.end_offsets([tp for tp, _ in chunks])
+        assert {tp: await sink.consumer.committed(tp) for tp, _ in chunks} == ends
+        stale = sink.generation
+        sink.generation += 1  # a revocation since these were fetched: not the sink's to take any more
+        await sink.take(*chunks[0], stale)
+        assert batch.empty
+
+        async def lost():
+            raise StoreError("insert into gpu_samples failed: no such table")
+        sink.pending = asyncio.create_task(lost())
+        with pytest.raises(StoreError):
+            await sink.flush_all()  # the listener sees the failure first (aiokafka only logs what it raises) ...
+        with pytest.raises(StoreError):
+            await sink.settle()  # ... and the main loop still stops on it: no later batch's offsets go past it
+    finally:
+        await sink.close()
+    assert rows_in(settings, "SELECT count(), uniqExact(host, seq, gpu_index) FROM gpu_samples") == \
+        [(len(samples) * 8, len(samples) * 8)]
 
 
 async def test_a_table_that_refuses_every_record_dead_letters_them_all_and_says_the_table_may_be_at_fault(
