@@ -1,8 +1,7 @@
-"""Could the engine parse the samples instead of Python? The sink's path today (each record decoded, its GPU rows
-extracted in Python, inserted by clickhouse-connect) against the raw sample bytes inserted as JSONEachRow into a Null
-table whose materialized view ARRAY JOINs the GPUs into `gpu_samples`, computing every stored column as
-Table.rows does (scaled columns, the record's time, the Kafka partition, offset and lag). Same store, rollups on,
-same records, alternated; then both paths' stored rows are compared value by value.
+"""The sink's two ways of storing samples, engine side only: Python extracting each GPU row (Table.rows) and
+clickhouse-connect inserting them, against the engine extracting them from the records' own JSON lines
+(schemas/json_intake.py: one INSERT ... SELECT ... ARRAY JOIN computing every stored column as Table.rows does).
+Same store, rollups on, same records, alternated; then both ways' stored rows are compared value by value.
 
     .venv/bin/python bench/json_insert.py [--hosts 200] [--ticks 30] [--batch 6000] [--repeat 3] [--out F]
 
@@ -12,7 +11,6 @@ Engine side only: the Kafka fetch and the per-record check that decides dead let
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
@@ -26,48 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.simulator.runner import FleetSimulator  # noqa: E402
 from core.settings import CommonSettings  # noqa: E402
+from schemas.json_intake import INTAKES  # noqa: E402
 from schemas.tables import TABLES  # noqa: E402
 from sinks import store  # noqa: E402
 
 from report import save  # noqa: E402  (bench/report.py, beside this script)
 
 TABLE = TABLES["gpu_samples"]
+INTAKE = INTAKES["gpu_samples"]
 KAFKA_TS_MS = 1_800_000_000_000
-
-
-def _json_type(field) -> str:
-    """How the Null table reads a field: as sent (agents send 39.0 for an integer, power in W before scaling)."""
-    col = field.column
-    if field.key == "ts":
-        return "Float64"
-    if col.alias is not None:
-        return "Nullable(Float64)"
-    base = re.sub(r"^LowCardinality\((.*)\)$", r"\1", col.type)
-    if re.match(r"^(Nullable\()?(U?Int\d+|Float\d+)\)?$", base):
-        return "Nullable(Float64)" if base.startswith("Nullable") else "Float64"
-    return base
-
-
-def _stored(field, prefix: str) -> str:
-    col, ref = field.column, f"{prefix}`{field.key}`"
-    if field.key == "ts":
-        return f"toDateTime64({ref}, 3, 'UTC')"
-    if col.alias is not None:
-        return f"CAST(round({ref} * 1000) AS {col.type})"
-    return f"CAST({ref} AS {col.type})"
-
-
-def statements(database: str) -> list[str]:
-    head = ", ".join(f"`{f.key}` {_json_type(f)}" for f in TABLE.fields)
-    gpu = ", ".join(f"`{f.key}` {_json_type(f)}" for f in TABLE.item_fields)
-    null = (f"CREATE TABLE {database}.samples_json ({head}, `gpus` Array(Tuple({gpu})), `_p` UInt16, `_o` UInt64, "
-            "`_kts` Int64) ENGINE = Null")
-    cols = [_stored(f, "") for f in TABLE.fields] + ["length(gpus)"] + [_stored(f, "g.") for f in TABLE.item_fields]
-    cols += ["_p", "_o", "_kts - toUnixTimestamp64Milli(`ts`)"]  # `ts` here is the stored DateTime64
-    select = ", ".join(f"{e} AS `{n}`" for e, n in zip(cols, TABLE.column_names))
-    view = (f"CREATE MATERIALIZED VIEW {database}.samples_json_mv TO {database}.gpu_samples AS SELECT {select} "
-            f"FROM {database}.samples_json ARRAY JOIN gpus AS g")
-    return [null, view]
 
 
 def python_path(client, raws: list[bytes], batch: int) -> None:
@@ -79,10 +44,8 @@ def python_path(client, raws: list[bytes], batch: int) -> None:
 
 def json_path(client, raws: list[bytes], batch: int) -> None:
     for i in range(0, len(raws), batch):  # each record's provenance spliced in front of its own fields
-        body = b"\n".join(b'{"_p":0,"_o":%d,"_kts":%d,' % (off, KAFKA_TS_MS) + raw[1:]
-                          for off, raw in enumerate(raws[i:i + batch], i))
-        client.raw_insert("samples_json", None, body, fmt="JSONEachRow",
-                          settings={**store.INSERT_SETTINGS, "insert_deduplication_token": uuid.uuid4().hex})
+        lines = [INTAKE.line(raw, 0, off, KAFKA_TS_MS) for off, raw in enumerate(raws[i:i + batch], i)]
+        store.insert_lines(client, "gpu_samples", INTAKE, lines, uuid.uuid4().hex)
 
 
 def main(args) -> dict:
@@ -91,8 +54,6 @@ def main(args) -> dict:
                               clickhouse_database=database)
     client = store.connect(settings)
     store.apply_schema(client, settings)
-    for stmt in statements(database):
-        client.command(stmt)
     sim = FleetSimulator(args.hosts, seed=1, start_ts=1_800_000_000.0, nccl_interval=0)
     raws = [orjson.dumps(s) for _ in range(args.ticks) for s in sim.step().samples]
     rows = sum(len(orjson.loads(r)["gpus"]) for r in raws)

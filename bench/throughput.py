@@ -38,6 +38,7 @@ from fleetpulse.lag import OffsetWatch, per_topic
 from core.logs import quiet_transient_client_logs
 from fleetpulse.broker import broker_for
 from core.settings import CommonSettings
+from schemas.json_intake import INTAKES, SETTINGS as INTAKE_FORMAT_SETTINGS
 from schemas.tables import TABLES
 from schemas.topics import NCCL, SAMPLES, XID, Topic
 from sinks import store
@@ -158,8 +159,13 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
             "cpu_s": round(cpu, 2), "topics": rates}
 
 
-async def sink(settings: CommonSettings, expected_rows: int) -> dict:
-    s = SinkSettings(**settings.model_dump(), sink_tables=["gpu_samples"], sink_serve_queries=False)
+async def sink(settings: CommonSettings, expected_rows: int, json_intake: bool, run: str) -> dict:
+    """The sink storing every sample of the topic into a database of its own, as a consumer group of its own: rows/s
+    from its first record to its last row."""
+    database = f"bench_sink_{run}_{uuid.uuid4().hex[:8]}"
+    s = SinkSettings(**{**settings.model_dump(), "clickhouse_database": database},
+                     sink_tables=["gpu_samples"], sink_serve_queries=False, sink_json_intake=json_intake,
+                     sink_group_id=f"bench-sink-{run}")
     sk = ClickHouseSink(s)
     await sk.open_store()
     stop = asyncio.Event()
@@ -174,11 +180,55 @@ async def sink(settings: CommonSettings, expected_rows: int) -> dict:
     elapsed = time.perf_counter() - t1
     stop.set()
     await task
+    await asyncio.to_thread(store.connect(settings).command, f"DROP DATABASE IF EXISTS {database}")
     return {"rows": stats.rows, "startup_s": round(t1 - t0, 2), "seconds": round(elapsed, 3),
-            "rows_per_s": round(expected_rows / elapsed), "batches": stats.batches}, sk
+            "rows_per_s": round(expected_rows / elapsed), "batches": stats.batches}
 
 
-def bare_insert(client, rows: list[tuple], batch_rows: int, repeat: int) -> dict:
+def kafka_engine(settings: CommonSettings, expected_rows: int, broker: str) -> dict:
+    """ClickHouse's own Kafka table engine ingesting the same topic into the same tables (gpu_samples with its rollups):
+    a Kafka table of the samples' JSON and a materialized view computing every stored column the way the sink's
+    intake does (schemas/json_intake.py), the provenance from the engine's virtual columns. Rows/s from the first row
+    stored to the last. A ClickHouse server only (FLEETPULSE_CLICKHOUSE_URL=http://…)."""
+    if settings.embedded_store:
+        return {"not_run": "needs a ClickHouse server (FLEETPULSE_CLICKHOUSE_URL=http://...): the embedded engine "
+                           "refuses CREATE TABLE ... ENGINE = Kafka (chdb 4.4: Code 49, Shutdown was called)"}
+    database = f"bench_kafka_engine_{uuid.uuid4().hex[:8]}"  # nothing stored before counts
+    cfg = settings.model_copy(update={"clickhouse_database": database})
+    client = store.connect(cfg)
+    store.apply_schema(client, cfg)
+    intake = INTAKES["gpu_samples"]
+    topic = SAMPLES.full(settings.topic_prefix)
+    client.command(
+        f"CREATE TABLE samples_kafka ({intake.structure(provenance=False)}) ENGINE = Kafka SETTINGS "
+        f"kafka_broker_list = '{broker}', kafka_topic_list = '{topic}', kafka_group_name = 'bench-{uuid.uuid4().hex}', "
+        f"kafka_format = 'JSONEachRow', kafka_num_consumers = {min(SAMPLES.partitions, os.cpu_count() or 1)}, "
+        + ", ".join(f"{k} = {v}" for k, v in INTAKE_FORMAT_SETTINGS.items()))
+    columns = ", ".join(f"`{c}`" for c in intake.table.column_names)
+    t0, first = time.perf_counter(), None
+    client.command(f"CREATE MATERIALIZED VIEW samples_kafka_mv TO gpu_samples ({columns}) AS SELECT "
+                   f"{intake.select('_partition', '_offset', 'toUnixTimestamp64Milli(_timestamp_ms)')} "
+                   "FROM samples_kafka ARRAY JOIN `gpus` AS _item")
+    try:
+        stored, deadline = 0, time.monotonic() + 600
+        while stored < expected_rows and time.monotonic() < deadline:
+            stored = client.command("SELECT count() FROM gpu_samples")
+            if stored and first is None:
+                first = time.perf_counter()
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - (first or t0)
+    finally:
+        client.command("DROP VIEW IF EXISTS samples_kafka_mv")
+        client.command("DROP TABLE IF EXISTS samples_kafka")
+        client.command(f"DROP DATABASE IF EXISTS {database}")
+    return {"rows": stored, "startup_s": round((first or t0) - t0, 2), "seconds": round(elapsed, 3),
+            "rows_per_s": round(stored / elapsed) if stored >= expected_rows else None}
+
+
+def bare_insert(settings: CommonSettings, rows: list[tuple], batch_rows: int, repeat: int) -> dict:
+    """clickhouse-connect inserting the rows already extracted, nothing else: what the store takes at most."""
+    client = store.connect(settings)
+    store.apply_schema(client, settings)
     table = TABLES["gpu_samples"]
     times = []
     for _ in range(repeat):
@@ -188,15 +238,19 @@ def bare_insert(client, rows: list[tuple], batch_rows: int, repeat: int) -> dict
             client.insert(table.name, rows[i:i + batch_rows], column_names=table.column_names,
                           settings={**store.INSERT_SETTINGS, "insert_deduplication_token": uuid.uuid4().hex})
         times.append(time.perf_counter() - t0)
+    client.command(f"DROP DATABASE IF EXISTS {settings.clickhouse_database}")
     med = statistics.median(times)
     return {"rows_per_s": round(len(rows) / med), "seconds_median": round(med, 3), "repeat": repeat}
 
 
 def namespace(tmp: Path) -> dict:
-    """A fresh topic prefix (so a fresh consumer group and changelogs) with its data directories, as env vars."""
+    """A fresh topic prefix (so a fresh consumer group and changelogs) with its data directories, as env vars; an
+    embedded store of its own unless FLEETPULSE_CLICKHOUSE_URL names a server (where the Kafka-engine peer runs)."""
     prefix = f"bench{uuid.uuid4().hex[:6]}."
+    server = os.environ.get("FLEETPULSE_CLICKHOUSE_URL", "")
+    url = server if server.startswith(("http://", "https://")) else f"chdb://{tmp / prefix / 'chdb'}"
     return {**os.environ, "FLEETPULSE_TOPIC_PREFIX": prefix, "FLEETPULSE_DATA_DIR": str(tmp / prefix / "data"),
-            "FLEETPULSE_CLICKHOUSE_URL": f"chdb://{tmp / prefix / 'chdb'}"}
+            "FLEETPULSE_CLICKHOUSE_URL": url}
 
 
 def baseline_nccl(args) -> str:
@@ -299,12 +353,19 @@ async def pipeline(args, tmp: Path) -> dict:
     raw_s = statistics.median(decode_times)
     worker = (await stream_worker(settings, env, worker_topics(settings, "power_thermal"))
               if not args.skip_streams else None)
-    sink_result, sk = await sink(settings, len(rows))
+    sinks: dict[str, list[dict]] = {"json_intake": [], "python_rows": []}
+    for k in range(args.repeat):  # alternated, each run a fresh database and consumer group on the same records
+        for way in sinks:
+            sinks[way].append(await sink(settings, len(rows), way == "json_intake", f"{way}_{k}"))
+    sink_rates = {way: statistics.median(r["rows_per_s"] for r in runs) for way, runs in sinks.items()}
     t0 = time.perf_counter()
     for part, off, rec in decoded:
         TABLES["gpu_samples"].rows(rec, part, off)
     rows_s = time.perf_counter() - t0
-    bare = await sk.db(bare_insert, sk.client, rows, 50_000, args.repeat)
+    bare_settings = settings.model_copy(update={"clickhouse_database": f"bench_bare_{uuid.uuid4().hex[:8]}"})
+    bare = await asyncio.to_thread(bare_insert, bare_settings, rows, 50_000, args.repeat)
+    peer = await asyncio.to_thread(kafka_engine, settings, len(rows), args.kafka_engine_broker or settings.bootstrap)
+    sink_rate = sink_rates["json_intake"]
     return {
         "data": {"hosts": args.hosts, "ticks": args.ticks, "samples": n, "gpu_rows": len(rows),
                  "mean_sample_bytes": round(sum(len(orjson.dumps(r)) for _, _, r in decoded[:200]) / min(200, n))},
@@ -312,10 +373,14 @@ async def pipeline(args, tmp: Path) -> dict:
                                "seconds_median": round(raw_s, 3), "repeat": args.repeat},
         "sink_row_extraction": {"rows_per_s": round(len(rows) / rows_s), "seconds": round(rows_s, 3)},
         "stream_worker": worker,
-        "sink": sink_result,
+        "sink": {"rows_per_s_median": sink_rates, "runs": sinks},
         "bare_clickhouse_insert": bare,
-        "ratios": {"sink_vs_bare_insert": round(sink_result["rows_per_s"] / bare["rows_per_s"], 3),
-                   "sink_vs_raw_decode": round(sink_result["rows_per_s"] / (len(rows) / raw_s), 3)},
+        "kafka_engine": peer,
+        "ratios": {"sink_json_intake_vs_python_rows": round(sink_rate / sink_rates["python_rows"], 3),
+                   "sink_vs_bare_insert": round(sink_rate / bare["rows_per_s"], 3),
+                   "sink_vs_raw_decode": round(sink_rate / (len(rows) / raw_s), 3),
+                   "sink_vs_kafka_engine": (round(sink_rate / peer["rows_per_s"], 3)
+                                            if peer.get("rows_per_s") else None)},
     }
 
 
@@ -325,6 +390,7 @@ if __name__ == "__main__":
     p.add_argument("--ticks", type=int, default=30)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--skip-streams", action="store_true")
+    p.add_argument("--kafka-engine-broker", help="the broker as the ClickHouse server reaches it (default: as here)")
     p.add_argument("--stages", choices=("power_thermal", "all"), default="power_thermal",
                    help="all: the whole worker on samples, XID and NCCL from the simulator (no sink figures)")
     p.add_argument("--nccl-interval", type=float, default=1.0, help="simulated seconds between collectives")
