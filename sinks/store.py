@@ -42,6 +42,10 @@ INSERT_SETTINGS = {
     "distributed_foreground_insert": 1,
 }
 
+# The embedded engine parses in the sink's own process: one thread, so the stream worker beside it keeps its share
+# of the CPU.
+EMBEDDED_PARSE_SETTINGS = {"max_threads": 1, "input_format_parallel_parsing": 0}
+
 # The sink's own records (the batch in flight, the rack inventory): never deduplicated, and on a cluster written
 # before the call returns, like the data.
 OWN_RECORD_SETTINGS = {"insert_deduplicate": 0, "distributed_foreground_insert": 1}
@@ -292,7 +296,7 @@ def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[byt
         with tempfile.NamedTemporaryFile(prefix="fleetpulse-lines-", suffix=".jsonl") as file:
             file.write(body)
             file.flush()
-            client.command(intake.statement(table, file.name), settings=settings)
+            client.command(intake.statement(table, file.name), settings={**settings, **EMBEDDED_PARSE_SETTINGS})
     except Exception as exc:
         raise as_store_error(exc, f"insert into {table} failed") from exc
 
