@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
-from schemas.columns import INTEGER_TYPES, inner_type
+from schemas.columns import INTEGER_TYPES, _default_type, inner_type
 from schemas.tables import KAFKA_LAG, TABLES, Table, _Field
 
 PARTITION, OFFSET, KAFKA_TS = "_fleetpulse_partition", "_fleetpulse_offset", "_fleetpulse_kafka_ts"
@@ -50,18 +50,9 @@ def _input_type(annotation: Any) -> str:
     if origin is Literal:
         kinds = {type(a) for a in args}
         return "Int64" if kinds == {int} else "String"
-    if annotation is bool:
-        return "Bool"
-    if annotation is int:
-        return "Int64"
-    if annotation is float:
-        return "Float64"
-    if annotation is str:
-        return "String"
-    if origin is list and args == (str,):
-        return "Array(String)"
-    if origin is dict and args in ((str, str), (str, float)):
-        return f"Map(String, {'String' if args[1] is str else 'Float64'})"
+    kind = _default_type(annotation)  # the column type a field of that annotation gets, read as the wire has it
+    if kind != "JSON-as-String":
+        return kind
     raise ValueError(f"no JSON intake for a field of type {annotation!r}")
 
 
