@@ -204,11 +204,10 @@ def kafka_engine(settings: CommonSettings, expected_rows: int, broker: str) -> d
         f"kafka_broker_list = '{broker}', kafka_topic_list = '{topic}', kafka_group_name = 'bench-{uuid.uuid4().hex}', "
         f"kafka_format = 'JSONEachRow', kafka_num_consumers = {min(SAMPLES.partitions, os.cpu_count() or 1)}, "
         + ", ".join(f"{k} = {v}" for k, v in INTAKE_FORMAT_SETTINGS.items()))
-    columns = ", ".join(f"`{c}`" for c in intake.table.column_names)
     t0, first = time.perf_counter(), None
-    client.command(f"CREATE MATERIALIZED VIEW samples_kafka_mv TO gpu_samples ({columns}) AS SELECT "
-                   f"{intake.select('_partition', '_offset', 'toUnixTimestamp64Milli(_timestamp_ms)')} "
-                   "FROM samples_kafka ARRAY JOIN `gpus` AS _item")
+    select = intake.query("samples_kafka", partition="_partition", offset="_offset",
+                          kafka_ts_ms="toUnixTimestamp64Milli(_timestamp_ms)")
+    client.command(f"CREATE MATERIALIZED VIEW samples_kafka_mv TO gpu_samples ({intake.columns}) AS {select}")
     try:
         stored, deadline = 0, time.monotonic() + 600
         while stored < expected_rows and time.monotonic() < deadline:

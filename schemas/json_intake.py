@@ -82,7 +82,8 @@ def _defaulted(field: _Field) -> bool:
 def _read_type(field: _Field, annotation: Any) -> str:
     kind = _input_type(annotation)
     if _defaulted(field) and kind.startswith("Nullable("):
-        raise ValueError(f"{field.key}: a field that may be null and has a default of its own is not read by the engine")
+        raise ValueError(f"{field.key}: a field that may be null and has a default of its own is not read by the "
+                         "engine")
     return f"Nullable({kind})" if _defaulted(field) else kind
 
 
@@ -149,15 +150,25 @@ class JsonIntake:
             exprs.append(f"fromUnixTimestamp64Milli({kafka_ts_ms}, 'UTC')")
         return ", ".join(f"{e} AS `{c}`" for e, c in zip(exprs, tb.column_names))
 
+    @property
+    def columns(self) -> str:
+        """The table's columns, in order, as an INSERT or a view names them."""
+        return ", ".join(f"`{c}`" for c in self.table.column_names)
+
+    def query(self, source: str, **provenance: str) -> str:
+        """The SELECT of every stored row from `source` (lines of `structure()`, or a table of that shape): one row
+        per element of each line's list. `provenance` as `select` takes it."""
+        return f"SELECT {self.select(**provenance)} FROM {source} ARRAY JOIN `{self.table.items}` AS _item"
+
     def statement(self, table: str, path: str | None = None) -> str:
         """The insert into `table` (its name on this store) of the lines in the request's body, or in the file `path`
         (the embedded engine)."""
-        source = (f"file({_quote(path)}, JSONEachRow, {_quote(self.structure())})" if path is not None
-                  else f"input({_quote(self.structure())})")
-        columns = ", ".join(f"`{c}`" for c in self.table.column_names)
-        tail = "" if path is not None else " FORMAT JSONEachRow"
-        return (f"INSERT INTO {table} ({columns}) SELECT {self.select()} FROM {source} "
-                f"ARRAY JOIN `{self.table.items}` AS _item{tail}")
+        structure = _quote(self.structure())
+        if path is not None:
+            source, tail = f"file({_quote(path)}, JSONEachRow, {structure})", ""
+        else:
+            source, tail = f"input({structure})", " FORMAT JSONEachRow"
+        return f"INSERT INTO {table} ({self.columns}) {self.query(source)}{tail}"
 
     @staticmethod
     def line(raw: bytes, partition: int, offset: int, kafka_ts_ms: int) -> bytes:

@@ -80,8 +80,8 @@ class ClickHouseSink:
             raise StoreError(f"sink_tables: unknown tables {sorted(unknown)}")
         self.tables: dict[str, Table] = {n: TABLES[n] for n in names}
         self.by_topic = {t.topic.full(settings.topic_prefix): t for t in self.tables.values()}
-        self.intakes = {n: INTAKES[n] for n in names if n in INTAKES} if settings.sink_json_intake else {}
-        self.batches = {topic: Batch(t, topic, intake=self.intakes.get(t.name)) for topic, t in self.by_topic.items()}
+        intakes = INTAKES if settings.sink_json_intake else {}
+        self.batches = {topic: Batch(t, topic, intake=intakes.get(t.name)) for topic, t in self.by_topic.items()}
         self.stats = SinkStats(tables={n: TableStats() for n in names})
         # Writes go through one thread on one client; analysts' queries through another thread on a client of their
         # own, so a long query never holds ingestion up: chdb runs the two side by side (measured: 3,000 inserts
@@ -339,7 +339,8 @@ class ClickHouseSink:
         the batch's records (the resume watermark, the highest stored offset, stays true across a crash)."""
         if len(entries) == 1:
             e = entries[0]
-            if batch.intake is not None and await self.stored_as_rows(batch, entries, batch.segment_token(entries), exc):
+            if batch.intake is not None and await self.stored_as_rows(batch, entries, batch.segment_token(entries),
+                                                                      exc):
                 return []
             if dead_letter:
                 await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key,

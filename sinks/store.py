@@ -13,9 +13,8 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 
 from core.errors import StoreError
 from core.settings import CommonSettings
-from schemas import json_intake
 from schemas.ddl import days, expected_columns, normalise_codec, rollup_statements, table_statements, ttl_expression
-from schemas.json_intake import JsonIntake
+from schemas.json_intake import SETTINGS as JSON_INTAKE_SETTINGS, JsonIntake
 from schemas.layout import Layout
 from schemas.rollups import ROLLUPS
 from schemas.tables import TABLES
@@ -286,7 +285,7 @@ def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[byt
     """insert(), for a table whose rows the engine extracts from the records' JSON lines (schemas/json_intake.py): one
     INSERT ... SELECT, under the token, reading the lines from the request's body on a server, from a file the
     embedded engine reads (removed after) on chdb."""
-    settings = {**INSERT_SETTINGS, **json_intake.SETTINGS, "insert_deduplication_token": token,
+    settings = {**INSERT_SETTINGS, **JSON_INTAKE_SETTINGS, "insert_deduplication_token": token,
                 "max_partitions_per_insert_block": max_partitions}
     body = b"\n".join(lines)
     try:
