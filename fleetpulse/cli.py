@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "xid": ("agents.xid_cli", "parse XID/SXid kernel-log lines, or classify one code with the catalog"),
     "streams": ("streams.cli", "run a faust stream worker"),
     "evaluate": ("fleetpulse.evaluate.cli", "run a scenario through the real pipeline and score it against truth"),
+    "bot": ("bots.cli", "run a remediation bot: act on drain events through a scheduler (Slurm)"),
     "breaker": ("fleetpulse.breaker_cli", "show the fleet-wide drain breaker, or reset it after a trip"),
     "sink": ("sinks.cli", "run the ClickHouse sink"),
     "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),

@@ -1,4 +1,4 @@
-"""The layer contract (.importlinter): ops > roles (agents | streams | sinks, apart) > schemas > core."""
+"""The layer contract (.importlinter): ops > roles (agents | streams | sinks | bots, apart) > schemas > core."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""Parser for nccl-tests output (all_reduce_perf & co): the bandwidth table, the ranks, and the summary footer."""
+"""Parser for nccl-tests output (all_reduce_perf & co): the bandwidth table, the ranks, and the summary footer. The
+agent's NCCL collector reads it, and so does a remediation bot that validates a node with an nccl-tests run."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-from agents.nvml.lib import normalize_pci_bus_id
+from schemas.pci import normalize_pci
 
 TIME_COLUMNS = ("time", "cputime")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)"
@@ -117,7 +118,7 @@ def parse_nccl_tests_run(text: str) -> NcclTestsRun:
         if stripped.startswith("#"):
             columns = _header(stripped) or columns
             if m := _RANK.match(stripped):
-                run.ranks.append(RankInfo(int(m[1]), int(m[2]), m[3], int(m[4]), normalize_pci_bus_id(m[5]),
+                run.ranks.append(RankInfo(int(m[1]), int(m[2]), m[3], int(m[4]), _bus_id(m[5]),
                                           m[6].strip()))
             elif m := _AVG.match(stripped):
                 try:
@@ -143,3 +144,11 @@ def parse_nccl_tests_run(text: str) -> NcclTestsRun:
 def parse_nccl_tests(text: str) -> list[BusBandwidth]:
     """Every measurement of an nccl-tests run, out-of-place then in-place for each size, in printed order."""
     return parse_nccl_tests_run(text).rows
+
+
+def _bus_id(text: str) -> str:
+    """The rank line's bus id in the wire's spelling where it is a full PCI id; older builds print only '0x1b'."""
+    try:
+        return normalize_pci(text) if text.count(":") == 2 else text.strip().lower()
+    except ValueError:
+        return text.strip().lower()

@@ -1,0 +1,1 @@
+"""`fleetpulse bot slurm`: drain, repair, validate and return nodes through Slurm's own commands."""
