@@ -59,6 +59,7 @@ class ParsedXid:
     syslog_stamp: str | None = None
     log_host: str | None = None
     fell_off_text: bool = False
+    followup: bool = False  # from an SXid report's Severity/Data line: its first line was not seen
 
 
 def parse_prefix(prefix: str, parsed: ParsedXid) -> None:
@@ -109,6 +110,21 @@ def _xid_details(parsed: ParsedXid, rest: str) -> None:
         parsed.registers = _registers(m.group("regs"))
     elif "NVLink:" in rest and (m := _NVLINK74.search(rest, pos)):
         parsed.link, parsed.registers = int(m.group("link")), _registers(m.group("regs"))
+
+
+def parse_sxid_followup(line: str) -> ParsedXid | None:
+    """The second or third line of an SXid report (`..., Severity ...` or `..., Data {...}`) as the report it belongs
+    to, marked `followup`: parse_line() leaves these out, and KernelLogParser uses them only when the report's first
+    line was never seen (rotated away, rate-limited). Never raises on any text."""
+    if "SXid" not in line or not (m := _SXID.search(line)):
+        return None
+    rest = m.group("rest") or ""
+    if not rest.startswith(_SXID_MORE):
+        return None
+    parsed = ParsedXid("sxid", int(m.group("code")), normalize_pci(f"{m.group('pci')}.{m.group('fn') or 0}"),
+                       rest, device=m.group("dev"), followup=True)
+    parse_prefix(line[:m.start()], parsed)
+    return parsed
 
 
 def parse_line(line: str) -> ParsedXid | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Mapping
 
-from agents.kernel_log.lines import PCI, ParsedXid, normalize_pci, parse_line, parse_prefix
+from agents.kernel_log.lines import PCI, ParsedXid, normalize_pci, parse_line, parse_prefix, parse_sxid_followup
 from core.errors import ConfigError
 from schemas.events import XidEvent
 
@@ -63,22 +63,43 @@ class KernelLogParser:
         self.stats: Counter[str] = Counter()
         self._last_emit: dict[tuple, float] = {}
         self._pending: tuple[str, int, str, list[str]] | None = None  # pci, lines left, start prefix, lines
+        self._sxid_seen: dict[tuple, float] = {}  # (switch PCI id, code) -> time of the report's latest line
 
     def feed(self, line: str, *, ts: float | None = None, source: str | None = None,
              line_no: int | None = None) -> list[Detection]:
         """One line (no trailing newline); `ts` is the record's own time where the transport has one."""
         self.stats["lines"] += 1
         parsed = parse_line(line)
+        if parsed is None and "SXid" in line:
+            parsed = self._orphan_sxid(line, ts)
+            if parsed is None:
+                return []
         if parsed is None:
             found = self._companion(line)
             if found is None:
                 return []
             parsed, line = found
+        if parsed.kind == "sxid":
+            now = self._sxid_seen[(parsed.pci_bus_id, parsed.code)] = self._time(parsed, ts)
+            if len(self._sxid_seen) > 4096:
+                self._sxid_seen = {k: t for k, t in self._sxid_seen.items() if abs(now - t) < self.dedup_window_s}
         self.stats["matched"] += 1
         return self._emit(parsed, line, ts, source or self.source, line_no)
 
     def feed_lines(self, lines, **kwargs) -> list[Detection]:
         return [d for i, line in enumerate(lines, 1) for d in self.feed(line, line_no=i, **kwargs)]
+
+    def _orphan_sxid(self, line: str, ts: float | None) -> ParsedXid | None:
+        """An SXid report's Severity or Data line is one event only when no line of the same report (switch PCI id
+        and code) came within `dedup_window_s` before it: its first line was lost, and the report must not be."""
+        parsed = parse_sxid_followup(line)
+        if parsed is None:
+            return None
+        seen = self._sxid_seen.get((parsed.pci_bus_id, parsed.code))
+        if seen is not None and abs(self._time(parsed, ts) - seen) < self.dedup_window_s:
+            return None
+        self.stats["sxid_without_first_line"] += 1
+        return parsed
 
     def _companion(self, line: str) -> tuple[ParsedXid, str] | None:
         """UUID lines teach PCI -> UUID; the fall-off texts become a 79-equivalent (with the text it came from)."""

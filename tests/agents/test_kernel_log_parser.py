@@ -152,3 +152,38 @@ def test_simulated_fleet_xid_stream_parses_back():
         (d,) = parser.feed(r["raw_line"])
         assert (d.event.code, d.event.pci_bus_id, d.event.pid, d.event.process, d.event.caused_by) == (
             r["code"], r["pci_bus_id"], r["pid"], r["process"], r["caused_by"])
+
+
+SXID_REPORT = [  # the Fabric Manager guide's three-line report, on one switch
+    "[1000.000001] nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 28006, Non-fatal, Link 46 MC TS crumbstore MCTO (First)",
+    "[1000.000002] nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 28006, Severity 0 Engine instance 46 Sub-engine "
+    "instance 00",
+    "[1000.000003] nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 28006, Data {0x00140004, 0x00100000, 0x00140004, "
+    "0x00000000}",
+]
+
+
+def test_a_whole_sxid_report_is_one_event_from_its_first_line():
+    events = [d.event for d in make(boot_time=NOW - 5000).feed_lines(SXID_REPORT)]
+    assert [(e.kind, e.code, e.severity, e.link) for e in events] == [("sxid", 28006, "Non-fatal", 46)]
+
+
+@pytest.mark.parametrize("lost", [1, 2])
+def test_an_sxid_report_whose_first_lines_were_lost_is_still_one_event(lost):
+    parser = make(boot_time=NOW - 5000)
+    events = [d.event for d in parser.feed_lines(SXID_REPORT[lost:])]
+    assert len(events) == 1
+    e = events[0]
+    assert (e.kind, e.code, e.pci_bus_id) == ("sxid", 28006, "0000:c1:00.0")
+    assert e.message == SXID_REPORT[lost].split("28006, ", 1)[1] and e.raw_line == SXID_REPORT[lost]
+    assert e.ts == pytest.approx(NOW - 5000 + 1000.000001 + lost / 1e6)
+    assert parser.stats["sxid_without_first_line"] == 1
+
+
+def test_the_same_sxid_again_after_the_window_and_another_switch_are_events_of_their_own():
+    parser = make(boot_time=NOW - 5000, dedup_window_s=10)
+    later = [line.replace("[1000.", "[1030.") for line in SXID_REPORT[1:]]
+    other = [line.replace("nvswitch3", "nvswitch4").replace("c1:00.0", "c2:00.0") for line in SXID_REPORT[1:]]
+    events = [d.event for d in parser.feed_lines(SXID_REPORT + later + other)]
+    assert [e.pci_bus_id for e in events] == ["0000:c1:00.0", "0000:c1:00.0", "0000:c2:00.0"]
+    assert [e.ts - (NOW - 5000) for e in events] == pytest.approx([1000.000001, 1030.000002, 1000.000002])
