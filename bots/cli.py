@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix,
                             replication=settings.replication)
-        await BotRunner(settings, SlurmExecutor(config), ledger, settings.bot_group_id).run(stop)
+        await BotRunner(settings, SlurmExecutor(config), ledger, settings.bot_group_id, max_age_s=config.max_age_s,
+                        max_concurrent=config.max_concurrent).run(stop)
 
     try:
         asyncio.run(main())

@@ -3,8 +3,9 @@
 An append-only JSON-lines file, each line flushed and fsynced before the bot goes on: `accepted` (the event, written
 before its offset is committed), `step` (an action taken or a check's outcome, written as soon as it happened),
 `answered` (the result, written before it is sent) and `sent` (the broker acknowledged it). On start the file is read
-back: answered events are never acted on again (a duplicate delivery is answered with the stored result), accepted
-ones resume from their recorded steps, and answers not acknowledged are sent again.
+back: known events are never acted on again (a duplicate delivery is dropped: its one answer is on the results
+topic), accepted ones resume from their recorded steps, and answers not acknowledged are sent again. The file is
+rewritten without settled events older than `keep_s` when read back and every `compact_every` lines.
 """
 
 from __future__ import annotations
@@ -32,27 +33,33 @@ class Ledger:
     """Events by id, in the order accepted. `keep_s` bounds the file: settled events older than it are dropped when
     it is read back (the drain topic's retention is 30 days)."""
 
-    def __init__(self, path: Path, keep_s: float = 35 * 86_400.0):
-        self.path = path
+    def __init__(self, path: Path, keep_s: float = 35 * 86_400.0, compact_every: int = 50_000):
+        self.path, self.keep_s, self.compact_every = path, keep_s, compact_every
         self.entries: dict[str, Entry] = {}
         self.torn = 0
+        self._lines = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._load(keep_s)
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    self._apply(json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    self.torn += 1  # a line cut by a crash mid-write: its step is taken as not done
+            if self.torn:
+                log.warning("ledger %s: %d unreadable line(s) skipped", path, self.torn)
+        self._compact()
         self._file = open(path, "a", encoding="utf-8")
 
-    def _load(self, keep_s: float) -> None:
-        if not self.path.exists():
-            return
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-                self._apply(rec)
-            except (ValueError, KeyError, TypeError):
-                self.torn += 1  # a line cut by a crash mid-write: its step is taken as not done
-        if self.torn:
-            log.warning("ledger %s: %d unreadable line(s) skipped", self.path, self.torn)
-        cutoff = time.time() - keep_s
+    def maybe_compact(self) -> None:
+        if self._lines >= self.compact_every:
+            self._file.close()
+            self._compact()
+            self._file = open(self.path, "a", encoding="utf-8")
+
+    def _compact(self) -> None:
+        cutoff = time.time() - self.keep_s
         self.entries = {k: e for k, e in self.entries.items() if not (e.sent and e.at < cutoff)}
+        self._lines = 0
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for event_id, e in self.entries.items():
@@ -66,6 +73,11 @@ class Ledger:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power loss
+        finally:
+            os.close(directory)
 
     def _apply(self, rec: dict) -> None:
         if "accepted" in rec:
@@ -84,6 +96,7 @@ class Ledger:
         self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+        self._lines += 1
         self._apply(rec)
 
     def get(self, event_id: str) -> Entry | None:

@@ -64,15 +64,19 @@ class Counts:
     acted: int = 0
     duplicates: int = 0
     not_ours: int = 0
+    stale: int = 0
     malformed: int = 0
     answered: dict[str, int] = field(default_factory=dict)
 
 
 class BotRunner:
-    def __init__(self, settings: CommonSettings, executor: Executor, ledger: Ledger, group_id: str,
+    def __init__(self, settings: CommonSettings, executor: Executor, ledger: Ledger, group_id: str, *,
+                 max_age_s: dict[str, float] | None = None, max_concurrent: int = 16,
                  clock: Callable[[], float] = time.time):
         self.settings, self.executor, self.ledger, self.group_id = settings, executor, ledger, group_id
+        self.max_age_s = max_age_s or {}
         self.clock = clock
+        self._slots = asyncio.Semaphore(max_concurrent)
         self.counts = Counts()
         self._queues: dict[str, asyncio.Queue[Entry]] = {}
         self._workers: dict[str, asyncio.Task] = {}
@@ -102,7 +106,7 @@ class BotRunner:
                 batches = await consumer.getmany(timeout_ms=500, max_records=500)
                 for tp, records in batches.items():
                     for record in records:
-                        await self._take(record)
+                        await self._take(record, stop)
                     # Every event of the batch is in the ledger (fsynced) or was not ours: safe to commit.
                     await consumer.commit({TopicPartition(tp.topic, tp.partition): records[-1].offset + 1})
         finally:
@@ -113,7 +117,7 @@ class BotRunner:
             await self._producer.stop()
         return self.counts
 
-    async def _take(self, record) -> None:
+    async def _take(self, record, stop: asyncio.Event) -> None:
         self.counts.received += 1
         try:
             event = DRAIN.decode_keyed(record.key, record.value)
@@ -124,10 +128,28 @@ class BotRunner:
         if self.ledger.get(event["event_id"]) is not None:  # delivered again (a replay, a resend by the producer):
             self.counts.duplicates += 1  # acted on once; its answer is on the results topic or will be, once
             return
-        if not await self.executor.serves(event["host"]):
+        age = self.clock() - float(event["ts"])
+        if age > self.max_age_s.get(event["action"], float("inf")):
+            self.counts.stale += 1  # the lifecycle re-sent it long ago (a new group reading from the start)
+            log.info("skipped %s %s on %s: %.0f s old", event["action"], event["event_id"], event["host"], age)
+            return
+        if not await self._serves(event["host"], stop):
             self.counts.not_ours += 1
             return
         self._enqueue(self.ledger.accept(event))
+
+    async def _serves(self, host: str, stop: asyncio.Event) -> bool:
+        """Whether the host is this bot's, asked until the scheduler answers: the offset waits meanwhile."""
+        delay = 1.0
+        while True:
+            try:
+                return await self.executor.serves(host)
+            except Exception as exc:  # noqa: BLE001 - the scheduler is down or restarting: wait, say so
+                if stop.is_set():
+                    raise
+                log.warning("cannot tell whether %r is ours (%s); asking again in %.0f s", host, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     def _enqueue(self, entry: Entry) -> None:
         host = entry.event["host"]
@@ -153,7 +175,8 @@ class BotRunner:
         if entry.result is None:
             self.counts.acted += 1
             try:
-                outcome = await self.executor.act(event, Steps(self.ledger, entry))
+                async with self._slots:
+                    outcome = await self.executor.act(event, Steps(self.ledger, entry))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a failed action is an answer, not a crash
@@ -166,6 +189,7 @@ class BotRunner:
         await self._send(entry)
         if not entry.sent:
             self.ledger.mark_sent(event["event_id"])
+            self.ledger.maybe_compact()
 
     async def _send(self, entry: Entry) -> None:
         result = entry.result

@@ -22,6 +22,12 @@ class SlurmBotConfig(BaseModel):
     requeue_immediate: bool = Field(default=True, description="mode=immediate: requeue the node's running jobs "
                                     "rather than wait for them")
     reboot_timeout_s: float = Field(default=1800.0, gt=0, description="a reboot not complete after this failed")
+    max_age_s: dict[str, float] = Field(
+        default_factory=lambda: {"drain": 3600.0, "repair": 4 * 3600.0, "validate": 4 * 3600.0, "undrain": 3600.0,
+                                 "replace": 14 * 86_400.0},
+        description="a request older than this when read is skipped, not acted on: the lifecycle has re-sent it by "
+                    "then (its request timeouts), and a new consumer group must not replay a month of drains")
+    max_concurrent: int = Field(default=16, ge=1, description="actions running at once (each polls scontrol)")
     resume_timeout_s: float = Field(default=120.0, gt=0, description="an undrain whose node is not schedulable "
                                     "(in service and responding) after this failed")
     repair_commands: dict[str, list[str]] = Field(

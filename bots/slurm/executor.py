@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import logging
 import os
 import signal
 import time
@@ -16,10 +18,20 @@ from pathlib import Path
 
 from bots.runner import Outcome, Steps
 from bots.slurm.config import SlurmBotConfig
-from bots.slurm.nodes import SlurmNode, drain_reason, parse_show_node
+from bots.slurm.nodes import NODE_NAME, SlurmNode, drain_reason, parse_show_node
 from schemas.nccl_tests import parse_nccl_tests_run
 
+log = logging.getLogger(__name__)
 _TAIL = 400  # characters of a failed command's output kept in the answer
+_KEPT = 4000  # characters of a command's output kept in the ledger
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_bot() -> None:
+    """In the command's process before exec: killed when the bot dies, even by SIGKILL, so a restarted bot never
+    runs a check or repair beside one its previous life left behind (Linux; elsewhere the command outlives it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class SlurmError(RuntimeError):
@@ -40,7 +52,7 @@ class SlurmExecutor:
         """Run a command in its own process group: exit status (None: killed at the timeout) and its output."""
         proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                                                    start_new_session=True)
+                                                    start_new_session=True, preexec_fn=_die_with_the_bot)
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), timeout)
             return proc.returncode, out.decode(errors="replace")
@@ -59,21 +71,30 @@ class SlurmExecutor:
         return out
 
     async def node(self, name: str) -> SlurmNode | None:
+        """The node called exactly `name` (None when Slurm knows none); SlurmError when Slurm does not answer."""
+        if not NODE_NAME.fullmatch(name):
+            return None
         rc, out = await self._run([self.config.scontrol, "-o", "show", "node", name], 60)
         if rc != 0 and "not found" in out:
             return None
-        if rc != 0:
+        if rc != 0 or not out.strip():
             raise SlurmError(f"scontrol show node {name}: {out.strip() or f'exit {rc}'}")
-        return parse_show_node(out.strip().splitlines()[0])
+        try:
+            node = parse_show_node(out.strip().splitlines()[0])
+        except ValueError as exc:
+            raise SlurmError(str(exc)) from None
+        return node if node.name == name else None
 
     async def _jobs_on(self, name: str) -> list[str]:
-        rc, out = await self._run([self._squeue, "-h", "-w", name, "-t", "RUNNING,COMPLETING", "-o", "%A"], 60)
+        rc, out = await self._run([self._squeue, "-h", "-w", name, "-t", "CONFIGURING,RUNNING,COMPLETING", "-o",
+                                   "%A"], 60)
         if rc != 0:
             raise SlurmError(f"squeue -w {name}: {out.strip()}")
         return out.split()
 
     async def serves(self, host: str) -> bool:
-        """A host Slurm knows (as its NodeName, or node_names' mapping); answers are kept a minute."""
+        """A host Slurm knows (as its NodeName, or node_names' mapping); answers are kept a minute. SlurmError when
+        Slurm does not answer: the runner waits for it rather than guess."""
         known, at = self._known.get(host, (False, -1e18))
         if self.clock() - at > 60:
             known = await self.node(self.config.node_of(host)) is not None
@@ -81,11 +102,15 @@ class SlurmExecutor:
         return known
 
     async def _wait(self, name: str, done: Callable[[SlurmNode], bool], deadline: float) -> SlurmNode | None:
-        """Poll the node until `done` holds (that node) or the deadline passes (None)."""
+        """Poll the node until `done` holds (that node) or the deadline passes (None). A poll Slurm does not answer
+        (slurmctld restarting) is tried again: only the deadline fails a wait."""
         while True:
-            node = await self.node(name)
-            if node is None or done(node):
-                return node
+            try:
+                node = await self.node(name)
+                if node is None or done(node):
+                    return node
+            except SlurmError as exc:
+                log.warning("%s: %s (polling on)", name, exc)
             if self.clock() >= deadline:
                 return None
             await asyncio.sleep(self.config.poll_s)
@@ -122,7 +147,8 @@ class SlurmExecutor:
             if node.out_of_service and not node.ours:
                 return Outcome(True, f"already out of service, not claimed by fleetpulse: {node.owner}")
             reason = drain_reason(event)
-            await self._scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
+            if node.event_id != event["event_id"]:  # else marked just before a restart, not recorded: not again
+                await self._scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
             steps.record("marked", reason=reason, at=self.clock())
         notes = []
         mode = (event.get("evidence") or {}).get("mode")
@@ -147,12 +173,14 @@ class SlurmExecutor:
 
     async def _reboot(self, event: dict, name: str, node: SlurmNode, steps: Steps) -> Outcome:
         if (issued := steps.done("reboot_issued")) is None:
-            reason = drain_reason(event)
-            await self._scontrol("reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", name)
-            issued = {"boot_time": node.boot_time, "at": self.clock()}
+            if node.event_id == event["event_id"]:  # issued just before a restart, not recorded: never twice
+                issued = {"boot_time": None, "at": self.clock()}
+            else:
+                await self._scontrol("reboot", "ASAP", "nextstate=DOWN", f"reason={drain_reason(event)}", name)
+                issued = {"boot_time": node.boot_time, "at": self.clock()}
             steps.record("reboot_issued", **issued)
 
-        def back(n: SlurmNode) -> bool:
+        def back(n: SlurmNode) -> bool:  # a boot time unknown (see above): back once no reboot flag is left
             return "reboot timed out" in n.reason or (not n.rebooting and n.responding
                                                       and n.boot_time != issued["boot_time"])
 
@@ -230,11 +258,16 @@ class SlurmExecutor:
         started again (it is answered as failed, and the lifecycle decides whether to ask again)."""
         if (finished := steps.done(step + ":finished")) is not None:
             return finished["rc"], finished["output"]
-        if steps.done(step + ":started") is not None:
+        started = steps.done(step + ":started")
+        if started is not None and not started.get("stopped"):
             return -1, "interrupted by a restart of the bot while running; not run again"
         steps.record(step + ":started", at=self.clock())
-        rc, out = await self._run(self._argv(argv, event, name, level), self.config.command_timeout_s)
-        steps.record(step + ":finished", rc=rc, output=out[-20_000:])
+        try:
+            rc, out = await self._run(self._argv(argv, event, name, level), self.config.command_timeout_s)
+        except asyncio.CancelledError:  # the bot is stopping and _run killed the command: it may run again
+            steps.record(step + ":started", at=self.clock(), stopped=True)
+            raise
+        steps.record(step + ":finished", rc=rc, output=out[-_KEPT:])
         return rc, out
 
 

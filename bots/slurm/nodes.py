@@ -17,6 +17,8 @@ _MARKS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "%": "
 _REASON = re.compile(r" Reason=(.*?) \[([^\]@]*)@([^\]]*)\](?= |$)")
 _FIELD = re.compile(r"(?:^| )(NodeName|State|BootTime)=(\S*)")
 _REBOOTING = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
+# One node, by name: Slurm would expand 'gpu[001-128]' or 'a,b' to many, and '-x' reads as an option.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,9 @@ class SlurmNode:
 
 def parse_show_node(line: str) -> SlurmNode:
     """One line of `scontrol -o show node NAME`."""
-    fields = dict(_FIELD.findall(line))
+    fields: dict[str, str] = {}
+    for key, value in _FIELD.findall(line):  # the first of each: a reason may quote "State=..." after the real one
+        fields.setdefault(key, value)
     if "NodeName" not in fields or "State" not in fields:
         raise ValueError(f"not a node line: {line[:120]!r}")
     base, *flags = fields["State"].split("+")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bots.slurm.nodes import drain_reason, parse_show_node
+from bots.slurm.nodes import NODE_NAME, drain_reason, parse_show_node
 
 HEAD = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=1 CPUTot=1 CPULoad=0.53 "
         "AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=127.0.0.1 NodeHostName=vm Port=26821 "
@@ -67,3 +67,14 @@ def test_the_drain_reason_names_repair_evidence_and_event_last():
     assert drain_reason({"event_id": "ev-1"}) == "fleetpulse: inspect ev-1"
     node = parse_show_node(line("IDLE+DRAIN", drain_reason(event) + " [root@2026-12-03T06:18:57]"))
     assert node.ours and node.event_id == "ev-9"
+
+
+def test_a_reason_that_quotes_a_state_does_not_change_the_node_s():
+    node = parse_show_node(line("ALLOCATED+DRAIN", "admin: was State=IDLE NodeName=n9 [root@2026-12-03T06:18:57]"))
+    assert (node.name, node.state, node.flags) == ("n1", "ALLOCATED", {"DRAIN"})
+
+
+@pytest.mark.parametrize("name, one", [("gpu-0042", True), ("n1.rack3", True), ("gpu[001-128]", False),
+                                       ("a,b", False), ("-x", False), ("", False), ("n 1", False)])
+def test_a_host_names_one_node_or_none(name, one):
+    assert bool(NODE_NAME.fullmatch(name)) is one
