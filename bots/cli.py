@@ -1,16 +1,18 @@
-"""`fleetpulse bot slurm`: answer fleetpulse's drain events on a Slurm cluster until interrupted."""
+"""`fleetpulse bot slurm|kubernetes`: answer fleetpulse's drain events on one cluster until interrupted."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import shutil
 import signal
 
+from bots.config import BotConfig
 from bots.ledger import Ledger
-from bots.runner import BotRunner
+from bots.runner import BotRunner, Executor
 from bots.settings import BotSettings
-from bots.slurm.executor import SlurmExecutor
 from core.errors import ConfigError
 from core.settings import load
 from schemas.provision import ensure_topics
@@ -21,13 +23,41 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     sub.add_parser("slurm", help="drain, repair, validate and resume nodes with scontrol (FLEETPULSE_BOT_SLURM)",
                    description="Acts on fleet.drain.events for the nodes this Slurm cluster knows and answers on "
                                "fleet.remediation.results; docs/remediation.md says how.")
+    sub.add_parser("kubernetes", help="cordon, taint, evict, repair, validate and return nodes through the API "
+                                      "server (FLEETPULSE_BOT_KUBERNETES)",
+                   description="Acts on fleet.drain.events for the nodes of this Kubernetes cluster and answers on "
+                               "fleet.remediation.results; docs/remediation.md says how.")
+
+
+def slurm_executor(settings: BotSettings) -> tuple[BotConfig, Executor]:
+    from bots.slurm.executor import SlurmExecutor
+
+    config = settings.bot_slurm
+    if shutil.which(config.scontrol) is None:
+        raise ConfigError(f"FLEETPULSE_BOT_SLURM (bot_slurm.scontrol): {config.scontrol!r} not found")
+    return config, SlurmExecutor(config)
+
+
+def kubernetes_executor(settings: BotSettings) -> tuple[BotConfig, Executor]:
+    from kubernetes import client, config as kubeconfig
+
+    from bots.kubernetes.executor import KubernetesExecutor
+
+    config = settings.bot_kubernetes
+    try:
+        if config.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubeconfig.load_incluster_config()
+        else:
+            kubeconfig.load_kube_config(config_file=str(config.kubeconfig) if config.kubeconfig else None,
+                                        context=config.context)
+    except (kubeconfig.ConfigException, OSError, TypeError) as exc:
+        raise ConfigError(f"FLEETPULSE_BOT_KUBERNETES (bot_kubernetes.kubeconfig): no usable cluster access: {exc}")
+    return config, KubernetesExecutor(config, client.CoreV1Api())
 
 
 def run(args: argparse.Namespace) -> int:
     settings = load(BotSettings)
-    config = settings.bot_slurm
-    if shutil.which(config.scontrol) is None:
-        raise ConfigError(f"FLEETPULSE_BOT_SLURM (bot_slurm.scontrol): {config.scontrol!r} not found")
+    config, executor = {"slurm": slurm_executor, "kubernetes": kubernetes_executor}[args.bot](settings)
     ledger = Ledger(settings.ledger_path(args.bot))
 
     async def main() -> None:
@@ -37,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix,
                             replication=settings.replication)
-        await BotRunner(settings, SlurmExecutor(config), ledger, settings.bot_group_id, max_age_s=config.max_age_s,
+        group = settings.bot_group_id or settings.group_id(args.bot, await executor.cluster_id())
+        logging.getLogger(__name__).info("bot %s: consumer group %s", args.bot, group)
+        await BotRunner(settings, executor, ledger, group, max_age_s=config.max_age_s,
                         max_concurrent=config.max_concurrent).run(stop)
 
     try:

@@ -51,6 +51,9 @@ class Steps:
 
 
 class Executor(Protocol):
+    async def cluster_id(self) -> str:
+        """The scheduler's own name for its cluster: the default consumer group is one per cluster."""
+
     async def serves(self, host: str) -> bool:
         """Whether this host is one of the bot's (another cluster's bot answers the rest)."""
 

@@ -6,18 +6,27 @@ from pathlib import Path
 
 from pydantic import Field
 
+from bots.kubernetes.config import KubernetesBotConfig
 from bots.slurm.config import SlurmBotConfig
 from core.settings import CommonSettings
 
 
 class BotSettings(CommonSettings):
-    """FLEETPULSE_BOT_* and the Slurm bot's FLEETPULSE_BOT_SLURM (JSON); the rest is shared with every process."""
+    """FLEETPULSE_BOT_*, with each bot's own as JSON (FLEETPULSE_BOT_SLURM, FLEETPULSE_BOT_KUBERNETES); the rest is
+    shared with every process."""
 
-    bot_group_id: str = Field(default="fleetpulse-bot-slurm", min_length=1,
-                              description="consumer group: one per cluster the bot serves")
+    bot_group_id: str | None = Field(default=None, min_length=1, description="consumer group: one per cluster the "
+                                     "bot serves (each reads every request and acts on its own nodes); default "
+                                     "fleetpulse-bot-<kind>-<the scheduler's cluster name or id>")
     bot_ledger: Path | None = Field(default=None, description="the bot's durable record of events and actions; "
                                                               "default <data_dir>/bot/<kind>-ledger.jsonl")
     bot_slurm: SlurmBotConfig = Field(default_factory=SlurmBotConfig)
+    bot_kubernetes: KubernetesBotConfig = Field(default_factory=KubernetesBotConfig)
+
+    @staticmethod
+    def group_id(kind: str, cluster: str) -> str:
+        """The default group of a `kind` bot serving `cluster` (its scheduler's name or id for it)."""
+        return f"fleetpulse-bot-{kind}-{cluster}"
 
     def ledger_path(self, kind: str) -> Path:
         return self.bot_ledger or self.data_dir / "bot" / f"{kind}-ledger.jsonl"

@@ -7,31 +7,17 @@ command cut off by the restart is answered failed rather than run twice (the lif
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bots.commands import Commands, run
 from bots.runner import Outcome, Steps
 from bots.slurm.config import SlurmBotConfig
 from bots.slurm.nodes import NODE_NAME, SlurmNode, drain_reason, parse_show_node
-from schemas.nccl_tests import parse_nccl_tests_run
 
 log = logging.getLogger(__name__)
-_TAIL = 400  # characters of a failed command's output kept in the answer
-_KEPT = 4000  # characters of a command's output kept in the ledger
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_the_bot() -> None:
-    """In the command's process before exec: killed when the bot dies, even by SIGKILL, so a restarted bot never
-    runs a check or repair beside one its previous life left behind (Linux; elsewhere the command outlives it)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class SlurmError(RuntimeError):
@@ -42,30 +28,15 @@ class SlurmExecutor:
     def __init__(self, config: SlurmBotConfig, clock: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock
+        self.commands = Commands(config, clock)
         self._known: dict[str, tuple[bool, float]] = {}
         scontrol = Path(config.scontrol)
         self._squeue = str(scontrol.with_name("squeue")) if scontrol.parent != Path(".") else "squeue"
 
     # -- Slurm ------------------------------------------------------------------------------------------------
 
-    async def _run(self, argv: list[str], timeout: float) -> tuple[int | None, str]:
-        """Run a command in its own process group: exit status (None: killed at the timeout) and its output."""
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                                                    start_new_session=True, preexec_fn=_die_with_the_bot)
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-            return proc.returncode, out.decode(errors="replace")
-        except asyncio.TimeoutError:
-            return None, f"killed after {timeout:g} s"
-        finally:
-            if proc.returncode is None:  # timed out, or the bot is stopping: the command goes with it
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-
     async def _scontrol(self, *args: str) -> str:
-        rc, out = await self._run([self.config.scontrol, *args], 60)
+        rc, out = await run([self.config.scontrol, *args], 60)
         if rc != 0:
             raise SlurmError(f"scontrol {' '.join(args[:3])}: {out.strip() or f'exit {rc}'}")
         return out
@@ -74,7 +45,7 @@ class SlurmExecutor:
         """The node called exactly `name` (None when Slurm knows none); SlurmError when Slurm does not answer."""
         if not NODE_NAME.fullmatch(name):
             return None
-        rc, out = await self._run([self.config.scontrol, "-o", "show", "node", name], 60)
+        rc, out = await run([self.config.scontrol, "-o", "show", "node", name], 60)
         if rc != 0 and "not found" in out:
             return None
         if rc != 0 or not out.strip():
@@ -86,11 +57,21 @@ class SlurmExecutor:
         return node if node.name == name else None
 
     async def _jobs_on(self, name: str) -> list[str]:
-        rc, out = await self._run([self._squeue, "-h", "-w", name, "-t", "CONFIGURING,RUNNING,COMPLETING", "-o",
+        rc, out = await run([self._squeue, "-h", "-w", name, "-t", "CONFIGURING,RUNNING,COMPLETING", "-o",
                                    "%A"], 60)
         if rc != 0:
             raise SlurmError(f"squeue -w {name}: {out.strip()}")
         return out.split()
+
+    async def cluster_id(self) -> str:
+        """The cluster's name (slurm.conf ClusterName), for the bot's consumer group: each cluster's bot reads every
+        request in a group of its own."""
+        out = await self._scontrol("show", "config")
+        for line in out.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "ClusterName" and value.strip():
+                return value.strip()
+        raise SlurmError("scontrol show config names no ClusterName")
 
     async def serves(self, host: str) -> bool:
         """A host Slurm knows (as its NodeName, or node_names' mapping); answers are kept a minute. SlurmError when
@@ -136,11 +117,7 @@ class SlurmExecutor:
         kind = "replace" if action == "replace" else (event.get("evidence") or {}).get("repair") or "inspect"
         if kind == "reboot" and "reboot" not in self.config.repair_commands:
             return await self._reboot(event, name, node, steps)
-        argv = self.config.repair_commands.get(kind)
-        if argv is None:
-            return Outcome(False, f"no command for repair {kind!r}: set FLEETPULSE_BOT_SLURM repair_commands.{kind}")
-        rc, out = await self._command(f"repair:{kind}", argv, event, name, steps)
-        return Outcome(rc == 0, f"{kind}: {' '.join(self._argv(argv, event, name))} -> " + _said(rc, out))
+        return await self.commands.repair(kind, event, name, steps)
 
     async def _drain(self, event: dict, name: str, node: SlurmNode, steps: Steps) -> Outcome:
         if not steps.done("marked"):
@@ -156,7 +133,7 @@ class SlurmExecutor:
             if (requeued := steps.done("requeued")) is None:
                 requeued = {"jobs": [], "refused": []}
                 for job in await self._jobs_on(name):
-                    rc, out = await self._run([self.config.scontrol, "requeue", job], 60)
+                    rc, out = await run([self.config.scontrol, "requeue", job], 60)
                     requeued["jobs" if rc == 0 else "refused"].append(job if rc == 0 else f"{job} ({out.strip()})")
                 steps.record("requeued", **requeued)
             if requeued["jobs"] or requeued["refused"]:
@@ -194,37 +171,7 @@ class SlurmExecutor:
     async def _validate(self, event: dict, name: str, node: SlurmNode, steps: Steps) -> Outcome:
         if node.rebooting or not node.responding:
             return Outcome(False, f"{name} cannot be validated: {_state(node)}")
-        need = event.get("requirements") or {}
-        findings, measurements, ok = [], {}, True
-        if "dcgm_diag_level" in need:
-            level = int(need["dcgm_diag_level"])
-            if self.config.dcgm_diag_command is None:
-                ok = False
-                findings.append(f"dcgm_diag_level {level} required and no dcgm_diag_command configured")
-            else:
-                rc, out = await self._command("check:dcgm", self.config.dcgm_diag_command, event, name, steps,
-                                              level=level)
-                ok &= rc == 0
-                findings.append(f"dcgm diag -r {level}: " + ("pass" if rc == 0 else _said(rc, out)))
-                if rc == 0:
-                    measurements["dcgm_diag_level"] = float(level)
-        if self.config.nccl_command is not None:
-            rc, out = await self._command("check:nccl", self.config.nccl_command, event, name, steps)
-            run = parse_nccl_tests_run(out)
-            busbw = run.avg_busbw_gbs
-            if busbw is not None and rc == 0:
-                measurements["nccl_busbw_gbs"] = busbw
-            want = need.get("nccl_busbw_min_gbs")
-            passed = rc == 0 and busbw is not None and run.check_ok is not False and not run.out_of_bounds \
-                and (want is None or busbw >= want)
-            ok &= passed
-            findings.append(f"nccl busbw {busbw} GB/s" + (f" (>= {want:g} required)" if want is not None else "")
-                            + ("" if passed else f": failed, {_said(rc, out)}"))
-        elif "nccl_busbw_min_gbs" in need:
-            ok = False
-            findings.append(f"nccl_busbw_min_gbs {need['nccl_busbw_min_gbs']:g} required and no nccl_command "
-                            "configured")
-        return Outcome(ok, "; ".join(findings) or "nothing to check", measurements)
+        return await self.commands.validate(event, name, steps)
 
     async def _undrain(self, name: str, node: SlurmNode, steps: Steps) -> Outcome:
         if not steps.done("resumed"):
@@ -244,38 +191,6 @@ class SlurmExecutor:
                                   f" ({_state(node) if node else 'gone'}{': ' + node.reason if node else ''})")
         return Outcome(True, f"{name} resumed ({_state(node)})")
 
-    # -- commands ---------------------------------------------------------------------------------------------
-
-    def _argv(self, argv: list[str], event: dict, name: str, level: int | str = "") -> list[str]:
-        evidence = event.get("evidence") or {}
-        values = {"node": name, "host": event["host"], "event_id": event["event_id"], "level": str(level),
-                  "gpu": str(evidence.get("gpu_index", ""))}
-        return [arg.format(**values) for arg in argv]
-
-    async def _command(self, step: str, argv: list[str], event: dict, name: str, steps: Steps,
-                       level: int | str = "") -> tuple[int | None, str]:
-        """Run a configured command once per event: its outcome is recorded, and a run a restart cut off is not
-        started again (it is answered as failed, and the lifecycle decides whether to ask again)."""
-        if (finished := steps.done(step + ":finished")) is not None:
-            return finished["rc"], finished["output"]
-        started = steps.done(step + ":started")
-        if started is not None and not started.get("stopped"):
-            return -1, "interrupted by a restart of the bot while running; not run again"
-        steps.record(step + ":started", at=self.clock())
-        try:
-            rc, out = await self._run(self._argv(argv, event, name, level), self.config.command_timeout_s)
-        except asyncio.CancelledError:  # the bot is stopping and _run killed the command: it may run again
-            steps.record(step + ":started", at=self.clock(), stopped=True)
-            raise
-        steps.record(step + ":finished", rc=rc, output=out[-_KEPT:])
-        return rc, out
-
 
 def _state(node: SlurmNode) -> str:
     return "+".join([node.state, *sorted(node.flags)])
-
-
-def _said(rc: int | None, out: str) -> str:
-    status = "killed at its timeout" if rc is None else f"exit {rc}"
-    tail = out.strip()[-_TAIL:]
-    return f"{status}: {tail}" if tail else status

@@ -252,3 +252,13 @@ def test_a_check_cut_off_by_a_restart_is_not_run_again_and_is_answered_failed(cl
     got = answer(env, validate)
     assert not got["ok"] and "not run again" in got["detail"], got
     assert checks.read_text().count("started") == 1
+
+
+def test_the_default_consumer_group_is_one_per_cluster(cluster, monkeypatch):
+    from bots.settings import BotSettings
+    from bots.slurm.config import SlurmBotConfig
+    from bots.slurm.executor import SlurmExecutor
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    name = asyncio.run(SlurmExecutor(SlurmBotConfig()).cluster_id())
+    assert BotSettings.group_id("slurm", name) == "fleetpulse-bot-slurm-fleetpulse-test"

@@ -1,0 +1,1 @@
+"""`fleetpulse bot kubernetes`: cordon, taint, evict, repair, validate and return nodes through the Kubernetes API."""
