@@ -106,6 +106,11 @@ def build(settings: CommonSettings, start: datetime | None, end: datetime | None
               FROM node_episodes)
         WHERE returned_at {in_range}
         GROUP BY host ORDER BY failed_again DESC, returns DESC, host""")
+    offenders = _rows(settings, f"""
+        SELECT host, toFloat64(ts) AS drained_at, evidence['recurring_repair'] AS repair,
+               toUInt32OrZero(evidence['recurrence']) AS drains, evidence['returned_at'] AS returned_at
+        FROM drain_events WHERE action = 'drain' AND evidence['recurrence'] != '' AND ts {in_range}
+        ORDER BY ts LIMIT 1 BY event_id""")
     returns = sum(int(r["returns"]) for r in repeats)
     again = sum(int(r["failed_again"]) for r in repeats)
 
@@ -136,7 +141,8 @@ def build(settings: CommonSettings, start: datetime | None, end: datetime | None
                    "replaced": int(counts["replaced"]), "times": times},
         "repeat_after_repair": {"within_days": REPEAT_WITHIN_DAYS, "returns": returns, "failed_again": again,
                                 "share": round(again / returns, 4) if returns else None,
-                                "worst": [r for r in repeats if int(r["failed_again"])][:10]},
+                                "worst": [r for r in repeats if int(r["failed_again"])][:10],
+                                "sent_to_replace": [{**o, "drains": int(o["drains"])} for o in offenders]},
         "alerts": {"gpu_days": round(gpu_days, 2), "by_name": alerts},
         "stragglers": {**stragglers, "windows_flagged": int(stragglers["windows_flagged"]),
                        "jobs": int(stragglers["jobs"]), "job_seconds_lost": float(stragglers["job_seconds_lost"] or 0)},
@@ -165,6 +171,8 @@ def render(r: dict) -> str:
     out += ["", f"repeat after repair {rep['failed_again']} of {rep['returns']} returns failed again within "
                 f"{rep['within_days']} days"]
     out += [f"  {w['host']}: {w['failed_again']} of {w['returns']}" for w in rep["worst"]]
+    out += [f"  {o['host']}: sent to replace at {o['drained_at']:.0f}, drain {o['drains']} for {o['repair']} "
+            f"(returned at {o['returned_at']})" for o in rep["sent_to_replace"]]
     out += ["", f"alerts              per 1,000 GPU-days ({r['alerts']['gpu_days']} GPU-days)"]
     out += [f"  {a['alertname']:<28} {a['severity']:<9} {a['fired']:>5} fired  {a['per_1000_gpu_days']}"
             for a in r["alerts"]["by_name"]]

@@ -41,6 +41,9 @@ class LifecycleConfig(BaseModel):
     retry_s: float = Field(default=120.0, description="re-send a failed drain/repair/replace after this")
     max_repair_failures: int = Field(default=2, ge=1)
     max_validation_failures: int = Field(default=2, ge=1, description="R: failed validations before replace")
+    max_cycles: int = Field(default=3, ge=2, description="K: the K-th drain for the same repair within "
+                            "cycles_window_s goes to replace instead of another cycle")
+    cycles_window_s: float = Field(default=7 * 86_400.0, gt=0, description="window of the recurrence rule")
     dcgm_level: dict[str, int] = Field(default_factory=lambda: {"reboot": 2, "reset": 3, "inspect": 3, "replace": 4})
     nccl_share: float = Field(default=0.9, gt=0, le=1, description="of the fleet median validation bus bandwidth")
     nccl_min_samples: int = Field(default=5, ge=1, description="validations before the fleet median is trusted")
@@ -79,6 +82,7 @@ class Node:
     repair_failures: int = 0
     validation_failures: int = 0
     faults: list[str] = field(default_factory=list)
+    returns: list[list] = field(default_factory=list)  # [ts, repair] of each validated return (the recurrence rule)
     busbw: list[float] = field(default_factory=lambda: [0.0, 0])  # fleet median and its count, from the breaker
     inputs: dict[str, float] = field(default_factory=dict)  # latest health inputs (usable compute)
     share: list[float] = field(default_factory=list)  # usable-compute share last told to the fleet
@@ -92,7 +96,8 @@ class Node:
             return cls()
         raw = copy.deepcopy(dict(raw))  # never alias the table's value
         raw.setdefault("repaired_at", raw.get("returned_at", 0.0))  # a record from before repaired_at was kept
-        return cls(**raw)
+        # A field a later version added is left out, so a rolled-back worker still reads the changelog it wrote.
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -277,6 +282,7 @@ def on_decision(n: Node, host: str, d: Mapping, cfg: LifecycleConfig) -> Out:
         n.busbw = [float(d["busbw_median_gbs"]), int(d["busbw_n"])]
     cause, n.proposal = n.proposal["cause"], None
     if d["admitted"]:
+        cause = _recurring(n, cause, ts, cfg)
         n.episode, n.cause, n.denied_at = n.episode + 1, cause, None
         n.request = {"action": "drain", "event_id": d["event_id"], "ts": ts, "attempt": 1, "requirements": {},
                      "due": ts + cfg.request_timeout_s["drain"]}
@@ -294,6 +300,21 @@ def on_decision(n: Node, host: str, d: Mapping, cfg: LifecycleConfig) -> Out:
         out.states.append(NodeState(host=host, state=n.state, prev_state=n.state, since=n.since, ts=ts,
                                     schedulable=True, reason=reason, evidence=_evidence(evidence)))
     return out
+
+
+def _recurring(n: Node, cause: dict, ts: float, cfg: LifecycleConfig) -> dict:
+    """A node drained again for the repair it was returned from, the K-th time within the window, goes to replace:
+    one more reset or reboot would only start the same cycle again (docs/remediation.md)."""
+    if cause["repair"] == "replace":
+        return cause
+    before = [t for t, repair in n.returns if repair == cause["repair"] and ts - t <= cfg.cycles_window_s]
+    if len(before) + 1 < cfg.max_cycles:
+        return cause
+    why = (f"repeat offender: drain {len(before) + 1} for {cause['repair']} within {cfg.cycles_window_s / 3600:g} h "
+           f"(returned at {', '.join(f'{t:.0f}' for t in before)})")
+    return {"repair": "replace", "mode": cause["mode"], "reason": f"{why}; {cause['reason']}",
+            "evidence": {**cause["evidence"], "recurrence": len(before) + 1, "recurring_repair": cause["repair"],
+                         "returned_at": ",".join(f"{t:.0f}" for t in before)}}
 
 
 def _to_replace(n: Node, host: str, ts: float, why: str, evidence: Mapping, cfg: LifecycleConfig, out: Out) -> None:
@@ -338,6 +359,7 @@ def on_result(n: Node, host: str, r: Mapping, cfg: LifecycleConfig) -> Out:
         _go(n, host, HEALTHY, ts, "validation passed", {**detail, **{f"required.{k}": v for k, v in
                                                                      req["requirements"].items()}}, out)
         _request(n, host, "undrain", ts, "validation passed", cfg, out)
+        n.returns = [*n.returns, [ts, (n.cause or {}).get("repair", "inspect")]][-4 * cfg.max_cycles:]
         n.request, n.cause, n.returned_at = None, None, ts
         n.repair_failures = n.validation_failures = 0
         return out
@@ -359,6 +381,8 @@ def on_result(n: Node, host: str, r: Mapping, cfg: LifecycleConfig) -> Out:
             _request(n, host, "repair", ts, f"{repair}: {(n.cause or {}).get('reason', '')}", cfg, out)
     else:  # repair or replacement done
         n.repaired_at = ts
+        if r["action"] == "replace":
+            n.returns = []  # new parts: their own history starts
         _go(n, host, VALIDATING, ts, f"{r['action']} completed", detail, out)
         _request(n, host, "validate", ts, f"validate after {r['action']}", cfg, out, requirements=requirements(n, cfg))
     return out

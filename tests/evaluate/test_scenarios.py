@@ -146,5 +146,21 @@ async def test_demo_shows_alerts_a_drain_and_return_a_straggler_and_fills_every_
         assert rows, f"panel {panel['title']!r} returned no rows:\n{sql}"
 
 
+async def test_a_repeat_offender_goes_to_replace_on_its_third_drain_and_stops_cycling(settings_env):
+    r = await evaluate("repeat-offender")
+    landed_in_full(r)
+    assert r["drains"]["false"] == 0, r["drains"]
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    requests = _rows(settings, "SELECT action, evidence['repair'] AS repair, evidence['recurrence'] AS recurrence "
+                               "FROM drain_events WHERE host = 'gpu-node-0001' ORDER BY ts LIMIT 1 BY event_id")
+    cycle = ["drain", "repair", "validate", "undrain"]
+    assert [q["action"] for q in requests] == cycle + cycle + ["drain", "replace"], requests
+    assert [q["repair"] for q in requests if q["action"] == "drain"] == ["reset", "reset", "replace"]
+    assert requests[8]["recurrence"] == "3"
+    start, end = (datetime.fromtimestamp(t, timezone.utc) for t in (0, 4_000_000_000))
+    offenders = report.build(settings, start, end)["repeat_after_repair"]["sent_to_replace"]
+    assert [(o["host"], o["repair"], o["drains"]) for o in offenders] == [("gpu-node-0001", "reset", 3)]
+
+
 def _rows(settings: CommonSettings, sql: str) -> list[dict]:
     return orjson.loads(query(settings, f"{sql}\nFORMAT JSON"))["data"]

@@ -17,10 +17,10 @@ D = datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()  # midnight
 M = 60.0
 
 
-def put(client, table: str, records: list[dict]) -> None:
+def put(client, table: str, records: list[dict], batch: str = "test") -> None:
     t = TABLES[table]
     rows = [row for off, rec in enumerate(records) for row in t.rows(rec, 0, off, 0)]
-    store.insert(client, table, t.column_names, rows, f"{table}-test")
+    store.insert(client, table, t.column_names, rows, f"{table}-{batch}")  # one dedup token per batch
 
 
 def state(host, to, prev, at, fault_id=None) -> dict:
@@ -59,6 +59,10 @@ def filled(clickhouse_url, clickhouse_database):
     put(client, "drain_events", [{"event_id": e, "host": h, "action": "drain", "ts": at, "reason": "test"}
                                  for e, h, at in (("e1", "h1", D + 10.5 * M), ("e2", "h2", D + 21 * M),
                                                   ("e3", "h1", D + 70 * M), ("e1", "h1", D + 10.5 * M))])
+    offender = {"event_id": "e4", "host": "h2", "action": "drain", "ts": D + 90 * M, "reason": "repeat offender: ...",
+                "evidence": {"repair": "replace", "recurrence": "3", "recurring_repair": "reset",
+                             "returned_at": f"{D - 3600:.0f},{D + 45 * M:.0f}"}}
+    put(client, "drain_events", [offender, offender], "offender")  # delivered twice
     firing = {"status": "firing", "alertname": "GpuThermal", "severity": "warning", "value": 90.0, "threshold": 87.0,
               "summary": "hot", "host": "h4", "gpu_index": 3}
     put(client, "alerts", [{**firing, "fingerprint": "a", "ts": D + s, "starts_at": D + s} for s in (300, 300, 3000)]
@@ -84,7 +88,7 @@ def test_every_figure_over_two_hours(filled):
     assert {(b["code"], b["interruptions"], b["mtbi_h"], b["gpu_hours_between"]) for b in i["by_bin_and_cause"]} == \
         {("xid:79", 1, 2.0, 160.0), ("xid:48", 1, 2.0, 160.0), ("xid:13", 1, 2.0, 160.0)}
     d = r["drains"]
-    assert (d["requested"], d["hosts"], d["episodes"], d["returned"], d["replaced"]) == (3, 2, 3, 2, 0)
+    assert (d["requested"], d["hosts"], d["episodes"], d["returned"], d["replaced"]) == (4, 2, 3, 2, 0)
     # quantiles interpolate between the two episodes' figures (30 and 60 s; 1,170 and 1,200 s; 600 and 240 s)
     assert d["times"]["fault_to_drain_requested"] == {"n": 2, "p50_s": 45.0, "p95_s": 58.5}
     assert d["times"]["drain_requested_to_repaired"] == {"n": 2, "p50_s": 1185.0, "p95_s": 1198.5}
@@ -92,12 +96,15 @@ def test_every_figure_over_two_hours(filled):
     rep = r["repeat_after_repair"]
     assert (rep["returns"], rep["failed_again"], rep["share"]) == (2, 1, 0.5)
     assert rep["worst"] == [{"host": "h1", "returns": 1, "failed_again": 1}]
+    assert rep["sent_to_replace"] == [{"host": "h2", "drained_at": D + 90 * M, "repair": "reset", "drains": 3,
+                                       "returned_at": f"{D - 3600:.0f},{D + 45 * M:.0f}"}]
     assert r["alerts"]["by_name"] == [{"alertname": "GpuThermal", "severity": "warning", "fired": 2,
                                        "per_1000_gpu_days": 300.0}]  # 2 over 160 GPU-hours = 6.67 GPU-days
     s = r["stragglers"]
     assert (s["windows_flagged"], s["jobs"], s["hosts"], s["job_seconds_lost"]) == (1, 1, ["h1"], 6.0)
     text = report.render(r)
     assert "usable compute      0.95" in text and "h1: 1 of 1" in text
+    assert f"h2: sent to replace at {D + 90 * M:.0f}, drain 3 for reset" in text
 
 
 def test_the_default_range_starts_at_the_store_s_first_minute(filled):
@@ -130,7 +137,7 @@ def test_the_command_prints_json_or_a_table_and_refuses_a_bad_time(filled, monke
         monkeypatch.setenv(f"FLEETPULSE_{key}", value)
     args = argparse.Namespace(start="2026-11-30", end="2026-11-30T02:00:00", json=True)
     assert report.run(args) == 0
-    assert orjson.loads(capsys.readouterr().out)["drains"]["requested"] == 3
+    assert orjson.loads(capsys.readouterr().out)["drains"]["requested"] == 4
     assert report.run(argparse.Namespace(start="2026-11-30", end=None, json=False)) == 0
     assert "interruptions       2 in" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="not an ISO date or time: 'yesterday'"):

@@ -341,3 +341,55 @@ def test_a_gate_from_after_the_repair_that_arrives_after_the_return_drains_again
 def test_a_node_record_from_before_repaired_at_was_kept_keeps_its_old_gates_dealt_with():
     old = {k: v for k, v in Node(state="healthy", returned_at=T0).to_json().items() if k not in ("repaired_at", "gates")}
     assert Node.from_json(old).repaired_at == T0
+
+
+def cycle(f: Fleet, host: str, t: float, bin_: str = "reset") -> None:
+    """One whole cycle: a fault in `bin_`, drained, repaired, validated, returned (an hour end to end)."""
+    f.fault(host, t, bin_, fid=f"{host}/{t}")
+    f.result(host, t + 60, "drain")
+    if f.path(host)[-1] == "replace":
+        return
+    f.result(host, t + 600, "repair")
+    f.result(host, t + 900, "validate", dcgm_diag_level=4)
+
+
+def test_the_k_th_drain_for_the_same_repair_within_the_window_goes_to_replace_and_stops_cycling():
+    f = Fleet()
+    for k in range(CFG.max_cycles - 1):
+        cycle(f, "h1", T0 + k * 3600)
+        assert f.path("h1")[-1] == "healthy"
+    assert f.actions("h1") == ["drain", "repair", "validate", "undrain"] * (CFG.max_cycles - 1)
+    cycle(f, "h1", T0 + 10 * 3600)
+    drain = [r for r in f.requests if r.action == "drain"][-1]
+    assert drain.evidence["repair"] == "replace" and drain.evidence["recurring_repair"] == "reset"
+    assert drain.evidence["recurrence"] == str(CFG.max_cycles)
+    assert drain.reason.startswith(f"repeat offender: drain {CFG.max_cycles} for reset within 168 h")
+    assert f.path("h1")[-3:] == ["drain_requested", "drained", "replace"] and f.actions("h1")[-1] == "replace"
+    f.result("h1", T0 + 11 * 3600, "replace")
+    f.result("h1", T0 + 12 * 3600, "validate", dcgm_diag_level=4)
+    assert f.path("h1")[-1] == "healthy" and f.node("h1").returns == [[T0 + 12 * 3600, "replace"]]
+    cycle(f, "h1", T0 + 13 * 3600)  # the new part's first reset: a cycle of its own again
+    assert f.path("h1")[-1] == "healthy"
+
+
+def test_returns_outside_the_window_or_for_another_repair_do_not_count():
+    f = Fleet(cfg=LifecycleConfig(max_cycles=2, cycles_window_s=7200))
+    cycle(f, "h1", T0, "reset")
+    cycle(f, "h1", T0 + 2 * 3600, "reboot")  # another repair: its own count
+    assert f.path("h1")[-1] == "healthy"
+    cycle(f, "h1", T0 + 5 * 3600, "reset")  # the first reset's return is 4.75 h back, past the window
+    assert f.path("h1")[-1] == "healthy"
+    cycle(f, "h1", T0 + 6 * 3600, "reset")  # one reset return 45 min back: the 2nd within the window
+    assert f.path("h1")[-1] == "replace"
+
+
+def test_a_node_record_from_before_the_recurrence_rule_reads_as_no_returns():
+    raw = Node().to_json()
+    del raw["returns"]
+    assert Node.from_json(raw).returns == []
+
+
+def test_a_node_record_from_a_later_version_is_read_without_its_new_fields():
+    raw = {**Node(state="drained", episode=4).to_json(), "field_from_the_future": [1, 2]}
+    node = Node.from_json(raw)
+    assert (node.state, node.episode) == ("drained", 4)
