@@ -21,7 +21,8 @@ QUERIES = {
     "faults": "SELECT fault_id, host, gpu_index, code, bin, rule, count, toFloat64(first_ts) AS first_ts, "
               "toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts FROM faults",
     "alerts": "SELECT alertname, fingerprint, status, host, rack, gpu_index, toFloat64(starts_at) AS starts_at, "
-              "toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts FROM alerts",
+              "toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts, labels['incident'] != '' AS condition "
+              "FROM alerts",
     "stragglers": "SELECT job, rank, host, gpu_index, flagged, slowdown_pct, z, toFloat64(ts) AS ts, "
                   "toFloat64(kafka_ts) AS kafka_ts FROM stragglers WHERE flagged",
     "drains": "SELECT event_id, host, action, reason, toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts "
@@ -111,7 +112,7 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
         "stragglers": score.stragglers(outcomes, sigs),
         "transitions": score.transitions(got["states"], run),
         "breaker": score.breaker(got["alerts"], sigs, run),
-        "alerts": score.alert_counts(got["alerts"]),
+        "alerts": score.alert_counts(got["alerts"], run),
         "remediation": {"answered": dict(ev.bot.answered), "unanswered_at_end": ev.bot.waiting},
         "usable_compute": score.usable_compute(got["usable_compute"], truth, run),
     }

@@ -29,6 +29,7 @@ THERMAL_ALERTS = frozenset({"GpuTempHigh", "GpuTempSlowdown", "GpuTempNearShutdo
                             "GpuSwThermalSlowdown", "GpuHwSlowdown"})
 RACK_ALERTS = frozenset({"RackPowerOverBudget"})
 BREAKER_ALERT = "FleetDrainBreakerOpen"
+INCIDENT_ALERT = "GpuIncident"  # one per GPU over its conditions (streams/power_thermal/rules.py): the page
 DETECTION_PREFIXES = ("fault:", "alert:", "straggler")
 OUT_OF_SERVICE = frozenset({"drain_requested", "drained", "repairing", "validating", "replace"})
 
@@ -98,7 +99,7 @@ def signals(faults: Iterable[Mapping], alerts: Iterable[Mapping], stragglers: It
         out.append(Signal(f"fault:{f['code']}", f["host"], float(f["first_ts"]), float(f["kafka_ts"]),
                           f.get("gpu_index"), ident=f"{f['fault_id']} bin={f['bin']}"))
     for a in alerts:
-        if a["status"] != "firing":
+        if a["status"] != "firing" or a["alertname"] == INCIDENT_ALERT:  # the incident pages its conditions' signal
             continue
         token = "alert:thermal" if a["alertname"] in THERMAL_ALERTS else \
             "alert:rack_power" if a["alertname"] in RACK_ALERTS else f"alert:{a['alertname']}"
@@ -284,12 +285,20 @@ def breaker(alerts: Sequence[Mapping], sigs: Sequence[Signal], run: Run) -> dict
             "within_cap": run.breaker_cap is None or most <= run.breaker_cap}
 
 
-def alert_counts(alerts: Iterable[Mapping]) -> dict:
-    """Alerts by name and status: how noisy the run was for whoever is paged."""
+def alert_counts(alerts: Iterable[Mapping], run: Run) -> dict:
+    """Alerts by name and status, and the pages: how noisy the run was for whoever is paged. A page is a firing
+    notification of an alert that is nobody's condition: a GPU incident opening or escalating, a rack or breaker
+    alert; the per-rule conditions inside an incident are its evidence, not pages of their own."""
     out: dict[str, dict[str, int]] = {"firing": defaultdict(int), "resolved": defaultdict(int)}
+    pages: dict[str, int] = defaultdict(int)
     for a in alerts:
         out[a["status"]][a["alertname"]] += 1
-    return {status: dict(sorted(by_name.items())) for status, by_name in out.items()}
+        if a["status"] == "firing" and not int(a.get("condition") or 0):
+            pages[a["alertname"]] += 1
+    hours = max(run.end_ts - run.start_ts, 1.0) / 3600
+    return {**{status: dict(sorted(by_name.items())) for status, by_name in out.items()},
+            "pages": sum(pages.values()), "pages_by_name": dict(sorted(pages.items())),
+            "pages_per_hour": round(sum(pages.values()) / hours, 2)}
 
 
 def stragglers(outcomes: Sequence[Outcome], sigs: Sequence[Signal]) -> dict:

@@ -1,4 +1,12 @@
-"""Per-GPU power/thermal alert rules against each device's own limits and throttle bits, with dwell and hysteresis."""
+"""Per-GPU power/thermal alert rules against each device's own limits and throttle bits, with dwell and hysteresis,
+and one incident per GPU over them: the page.
+
+Each rule fires and resolves its own alert (a condition). A GPU with any condition firing has one incident,
+`GpuIncident`: it fires with the first condition, fires again (same fingerprint, the higher severity) only when a
+more severe condition joins, lists the conditions firing in its summary, and resolves with the last one. A condition
+that fires while a more severe one is firing on the same GPU carries `inhibited_by` (Alertmanager's inhibition, done
+here): whoever pages routes `GpuIncident` (and rack alerts) and keeps the conditions as its evidence.
+"""
 
 from __future__ import annotations
 
@@ -75,6 +83,10 @@ DEFAULT_RULES = (
 )
 
 
+INCIDENT = "GpuIncident"
+SEVERITY = {"info": 0, "warning": 1, "critical": 2, "page": 3}
+
+
 @dataclass(frozen=True)
 class Config:
     rules: tuple[Rule, ...] = DEFAULT_RULES
@@ -114,19 +126,23 @@ class AlertState:
 
 @dataclass(frozen=True)
 class SubjectState:
-    """State of one host (keys 'gpu/alertname') or one rack; `wm` is the newest sample time applied."""
+    """State of one host (keys 'gpu/alertname') or one rack; `wm` is the newest sample time applied; `incidents` the
+    open incident of each GPU (key: its index): {"starts_at", "severity" paged, "conditions" {alertname: severity}}."""
 
     wm: float = 0.0
     alerts: dict[str, AlertState] = field(default_factory=dict)
+    incidents: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"wm": self.wm, "alerts": {k: v.to_json() for k, v in self.alerts.items()}}
+        out = {"wm": self.wm, "alerts": {k: v.to_json() for k, v in self.alerts.items()}}
+        return {**out, "incidents": self.incidents} if self.incidents else out
 
     @classmethod
     def from_json(cls, raw: dict | None) -> SubjectState:
         if not raw:
             return cls()
-        return cls(raw["wm"], {k: AlertState.from_json(v) for k, v in raw["alerts"].items()})
+        return cls(raw["wm"], {k: AlertState.from_json(v) for k, v in raw["alerts"].items()},
+                   raw.get("incidents") or {})
 
 
 @dataclass(frozen=True)
@@ -236,7 +252,63 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
         if cur is not None and (host in new or cur.alerts) and w > cur.wm:
             new[host] = replace(cur, wm=w)
     alerts.sort(key=lambda a: a.ts)  # chronological, rule order within one sample: as if fed one by one
-    return Evaluation(alerts, new, reports)
+    return Evaluation(_incidents(alerts, state, new), new, reports)
+
+
+def _incidents(alerts: list[Alert], state: Mapping[str, SubjectState], new: dict[str, SubjectState]) -> list[Alert]:
+    """The conditions' events in order, each GPU's incident folded through them: the incident's own events inserted
+    after the condition event that moved it, the conditions labelled with their incident (and what inhibits them).
+    Folded event by event, so it gives the same pages whatever the batches."""
+    out: list[Alert] = []
+    for a in alerts:
+        cur = new.get(a.host) or state.get(a.host) or SubjectState()
+        gpu = str(a.gpu_index)
+        inc = cur.incidents.get(gpu)
+        conditions = dict(inc["conditions"]) if inc else {}
+        was = max(conditions.values(), key=SEVERITY.__getitem__, default=None)
+        top = max(conditions, key=lambda n: SEVERITY[conditions[n]], default=None)
+        fp = fingerprint(INCIDENT, host=a.host, gpu_index=a.gpu_index)
+        labels = {**a.labels, "incident": fp}
+        if a.status == "firing" and top is not None and SEVERITY[conditions[top]] > SEVERITY[a.severity]:
+            labels["inhibited_by"] = top
+        out.append(a.model_copy(update={"labels": labels}))
+        if a.status == "firing":
+            conditions[a.alertname] = a.severity
+        else:
+            conditions.pop(a.alertname, None)
+            if inc is None:
+                continue  # a condition that fired before incidents were kept: it never paged, nothing to resolve
+        incidents = {k: v for k, v in cur.incidents.items() if k != gpu}
+        if conditions:
+            severity = max(conditions.values(), key=SEVERITY.__getitem__)
+            paged = inc["severity"] if inc else None
+            starts_at = inc["starts_at"] if inc else a.starts_at
+            incidents[gpu] = {"starts_at": starts_at, "severity": max(severity, paged or severity,
+                                                                      key=SEVERITY.__getitem__),
+                              "conditions": conditions}
+            if paged is None or SEVERITY[severity] > SEVERITY[paged]:  # opened, or escalated: a page
+                out.append(_incident(a, fp, "firing", severity, starts_at, conditions, was))
+        elif inc is not None:
+            out.append(_incident(a, fp, "resolved", inc["severity"], inc["starts_at"], {}, was))
+        new[a.host] = replace(cur, incidents=incidents)
+    return out
+
+
+def _incident(a: Alert, fp: str, status: str, severity: str, starts_at: float, conditions: dict[str, str],
+              was: str | None) -> Alert:
+    names = ", ".join(f"{n} ({s})" for n, s in sorted(conditions.items(), key=lambda kv: -SEVERITY[kv[1]]))
+    if status == "resolved":
+        summary = f"{a.host} GPU {a.gpu_index}: incident over (last condition {a.alertname} resolved); " \
+                  f"started {starts_at:.0f}"
+    else:
+        why = f"escalated from {was} by {a.alertname}" if was else f"opened by {a.alertname}"
+        summary = f"{a.host} GPU {a.gpu_index}: {names}; {why}; since {starts_at:.0f}"
+    return a.model_copy(update={
+        "fingerprint": fp, "status": status, "alertname": INCIDENT, "severity": severity, "starts_at": starts_at,
+        "ends_at": a.ts if status == "resolved" else None, "summary": summary,
+        "labels": {**{k: v for k, v in a.labels.items() if k != "inhibited_by"}, "conditions": ",".join(conditions),
+                   "moved_by": a.alertname},
+        "evidence": {**a.evidence, "conditions_firing": float(len(conditions))}})
 
 
 def _gpu_alert(rule: Rule, event: str, st: AlertState, s: dict, g: dict, threshold: float, below: float) -> Alert:

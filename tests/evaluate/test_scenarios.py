@@ -41,6 +41,7 @@ async def test_thermal_runaway_alerts_on_the_right_gpu_and_drains_nothing(settin
     assert (k["recall"], k["precision"]) == (1.0, 1.0), k
     assert k["latency_sim_s"]["p95"] <= 30, k
     assert r["drains"]["requested"] == 0
+    assert len(r["alerts"]["firing"]) >= 4 and r["alerts"]["pages_by_name"] == {"GpuIncident": 1}, r["alerts"]
 
 
 @pytest.mark.parametrize("slowdown", [10, 20])
@@ -91,6 +92,7 @@ async def test_flapping_sensor_changes_node_state_at_most_once_per_dwell(setting
     assert r["fault_kinds"]["sensor_flap"]["recall"] == 1.0
     firing = r["alerts"]["firing"]
     assert firing.get("GpuTempSlowdown", 0) <= 2, firing  # flap damping: not one page per 3-minute cycle
+    assert r["alerts"]["pages"] == 1, r["alerts"]  # one GPU, one incident: the conditions are its evidence
 
 
 async def test_drain_storm_trips_the_breaker_and_drains_no_more_than_its_cap(settings_env):

@@ -129,10 +129,15 @@ def test_quantiles_of_nothing_are_none():
     assert score.quantiles([]) == {"n": 0, "p50": None, "p95": None, "max": None}
 
 
-def test_alert_counts_by_status_and_name():
-    rows = [{"alertname": "A", "status": "firing"}, {"alertname": "A", "status": "resolved"},
-            {"alertname": "B", "status": "firing"}, {"alertname": "A", "status": "firing"}]
-    assert score.alert_counts(rows) == {"firing": {"A": 2, "B": 1}, "resolved": {"A": 1}}
+def test_alert_counts_by_status_and_name_and_the_pages_among_them():
+    rows = [{"alertname": "A", "status": "firing", "condition": 1}, {"alertname": "A", "status": "resolved"},
+            {"alertname": "GpuIncident", "status": "firing", "condition": 0},
+            {"alertname": "GpuIncident", "status": "firing", "condition": 0},  # an escalation: paged again
+            {"alertname": "B", "status": "firing", "condition": 1}, {"alertname": "A", "status": "firing"},
+            {"alertname": "GpuIncident", "status": "resolved", "condition": 0}]
+    assert score.alert_counts(rows, RUN) == {
+        "firing": {"A": 2, "B": 1, "GpuIncident": 2}, "resolved": {"A": 1, "GpuIncident": 1},
+        "pages": 3, "pages_by_name": {"A": 1, "GpuIncident": 2}, "pages_per_hour": 18.0}  # 3 in 10 minutes
 
 
 def test_usable_compute_truth_keeps_a_drained_host_out_for_its_repair_cycle():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from schemas.analytics import Alert
 from schemas.topics import SAMPLES
 from streams.power_thermal.rules import (
-    HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, Config, SubjectState, evaluate, fingerprint,
+    HW_SLOWDOWN, HW_THERMAL, INCIDENT, SW_POWER_CAP, Config, SubjectState, evaluate, fingerprint,
 )
 from tests.streams.helpers import gpu, sample, temps_series
 
@@ -31,6 +31,11 @@ def run(samples, *, batch: int = 1, state=None, config: Config = Config(), via_j
 
 def named(alerts, name):
     return [(a.status, a.ts) for a in alerts if a.alertname == name]
+
+
+def conditions(alerts):
+    """The rules' own alerts, without the GPU incidents over them."""
+    return [a for a in alerts if a.alertname != INCIDENT]
 
 
 def test_fires_after_dwell_not_before():
@@ -130,7 +135,7 @@ def test_limits_are_per_device():
     readings = [gpu(0, 85.0), gpu(1, 85.0, slowdown_temp_c=80.0, gpu_max_op_temp_c=78.0, shutdown_temp_c=90.0)]
     samples = [sample("h1", 1000.0 + 5 * i, readings, seq=i) for i in range(20)]
     alerts, _ = run(samples)
-    assert {(a.alertname, a.gpu_index) for a in alerts} == {("GpuTempSlowdown", 1), ("GpuTempHigh", 1)}
+    assert {(a.alertname, a.gpu_index) for a in conditions(alerts)} == {("GpuTempSlowdown", 1), ("GpuTempHigh", 1)}
     assert next(a for a in alerts if a.alertname == "GpuTempSlowdown").threshold == 80.0
 
 
@@ -138,7 +143,7 @@ def test_hbm_and_power_limits():
     samples = [sample("h1", 1000.0 + 5 * i, [gpu(0, hbm_temp_c=94.0), gpu(1, power_w=700.0),
                                               gpu(2, power_w=740.0)]) for i in range(20)]
     alerts, _ = run(samples)
-    assert {(a.alertname, a.gpu_index, a.status) for a in alerts} == {
+    assert {(a.alertname, a.gpu_index, a.status) for a in conditions(alerts)} == {
         ("HbmTempHigh", 0, "firing"), ("GpuPowerOverLimit", 2, "firing")}
 
 
@@ -165,7 +170,7 @@ def test_fingerprint_is_stable_and_shared_by_firing_and_resolved():
 def test_replayed_samples_do_not_refire_after_resolve():
     samples = temps_series("h1", [90] * 5 + [80] * 20)
     alerts, state = run(samples)
-    assert len(alerts) == 4  # slowdown and near-shutdown fire and resolve
+    assert len(conditions(alerts)) == 4  # slowdown and near-shutdown fire and resolve
     again, _ = run(samples[3:], state=state)  # at-least-once replay of an uncommitted tail
     assert again == []
 
@@ -186,8 +191,49 @@ def test_alerts_alternate_and_batching_never_matters(temps, batch):
     alerts, _ = run(samples, batch=batch)
     alone, _ = run(samples)
     assert [a.model_dump_json() for a in alerts] == [a.model_dump_json() for a in alone]
-    for name in {a.alertname for a in alerts}:
+    for name in {a.alertname for a in conditions(alerts)}:
         statuses = [s for s, _ in named(alerts, name)]
         assert statuses == ["firing", "resolved"] * (len(statuses) // 2) + ["firing"] * (len(statuses) % 2)
+    # The incident: opened, then fired again only at a higher severity (an escalation), until it resolves.
+    severities = {"info": 0, "warning": 1, "critical": 2, "page": 3}
+    level = -1
+    for a in (a for a in alerts if a.alertname == INCIDENT):
+        if a.status == "firing":
+            assert severities[a.severity] > level
+            level = severities[a.severity]
+        else:
+            assert level >= 0
+            level = -1
+    open_conditions = sum(1 if a.status == "firing" else -1 for a in conditions(alerts))
+    assert (level >= 0) == (open_conditions > 0)  # an incident is open exactly while a condition fires
 
 
+def test_one_incident_per_gpu_pages_once_escalates_once_and_resolves_with_its_last_condition():
+    # 88 C from t=1000: GpuTempHigh (87, 60 s dwell) at 1060; 90 C from 1100: GpuTempSlowdown (89, 15 s) at 1115,
+    # GpuTempNearShutdown (shutdown 92 - 2 = 90, no dwell) at 1100; back to 80 C from 1200.
+    temps = [88] * 20 + [90] * 20 + [80] * 60
+    alerts, state = run(temps_series("h1", temps))
+    incident = [(a.status, a.ts, a.severity, a.labels["moved_by"]) for a in alerts if a.alertname == INCIDENT]
+    assert incident[:2] == [("firing", 1060.0, "warning", "GpuTempHigh"),
+                            ("firing", 1100.0, "page", "GpuTempNearShutdown")]  # opened, then escalated once
+    assert incident[2][0] == "resolved" and len(incident) == 3  # the slowdown joining under a page: no new page
+    fp = fingerprint(INCIDENT, host="h1", gpu_index=0)
+    assert {a.fingerprint for a in alerts if a.alertname == INCIDENT} == {fp}
+    slowdown = next(a for a in alerts if a.alertname == "GpuTempSlowdown" and a.status == "firing")
+    assert slowdown.labels["incident"] == fp and slowdown.labels["inhibited_by"] == "GpuTempNearShutdown"
+    escalated = next(a for a in alerts if a.alertname == INCIDENT and a.severity == "page")
+    assert escalated.summary.startswith("h1 GPU 0: GpuTempNearShutdown (page), GpuTempHigh (warning); escalated "
+                                        "from warning by GpuTempNearShutdown")
+    resolved = [a for a in alerts if a.alertname == INCIDENT][-1]
+    last = max(a.ts for a in conditions(alerts) if a.status == "resolved")
+    assert (resolved.ts, resolved.ends_at, resolved.starts_at) == (last, last, 1000.0)
+    assert state["h1"].incidents == {}
+
+
+def test_incidents_are_the_same_whatever_the_batches_and_through_json_state():
+    temps = [88] * 20 + [90] * 20 + [80] * 30 + [91] * 10 + [80] * 40
+    whole, _ = run(temps_series("h1", temps))
+    for batch in (1, 3, 7, 200):
+        alerts, _ = run(temps_series("h1", temps), batch=batch, via_json=True)
+        assert [(a.alertname, a.status, a.ts, a.severity, a.labels.get("inhibited_by")) for a in alerts] == \
+            [(a.alertname, a.status, a.ts, a.severity, a.labels.get("inhibited_by")) for a in whole]

@@ -37,7 +37,7 @@ def test_the_step_alerts_keeps_host_state_and_forwards_rack_power():
     out = pt.step(records(temps_series("h1", [90] * 5)), state, CFG)
     alerts = [Alert.model_validate_json(e.value) for e in out if e.to is ALERTS]
     assert [(a.alertname, a.status, a.gpu_index) for a in alerts] == [
-        ("GpuTempNearShutdown", "firing", 0), ("GpuTempSlowdown", "firing", 0)]
+        ("GpuTempNearShutdown", "firing", 0), ("GpuIncident", "firing", 0), ("GpuTempSlowdown", "firing", 0)]
     assert all(e.log and e.log.startswith("firing ") for e in out if e.to is ALERTS)
     reports = [orjson.loads(e.value) for e in out if e.to is RACK_POWER]
     assert len(reports) == 5 and {r["rack"] for r in reports} == {"r1"}
@@ -64,7 +64,7 @@ def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():
     w = Wired(pt.STAGE, pt.STAGE.steps[0], CFG, {"hosts": {}, "racks": {}}, None, None)
     emits, state, failed = run_step(w, recs)
     assert [(r.key, reason.split(":")[0]) for r, reason in failed] == [("h2", "power_thermal rules failed")]
-    assert [Alert.model_validate_json(e.value).host for e in emits if e.to is ALERTS] == ["h1"]
+    assert {Alert.model_validate_json(e.value).host for e in emits if e.to is ALERTS} == {"h1"}
     assert {key for _, key in state.writes} == {"h1"}  # the choked record's half-made state is gone
 
 
@@ -99,10 +99,11 @@ async def test_the_lane_decodes_once_refuses_once_and_keeps_co_partitioned_state
 
     alerts = [Alert.model_validate_json(s.value) for s in emitter.to(PREFIX + ALERTS.name)]
     assert [(a.alertname, a.status, a.host, a.gpu_index) for a in alerts] == [
-        ("GpuTempNearShutdown", "firing", "h1", 0), ("GpuTempSlowdown", "firing", "h1", 0),
-        ("GpuTempSlowdown", "resolved", "h1", 0), ("GpuTempNearShutdown", "resolved", "h1", 0)]
+        ("GpuTempNearShutdown", "firing", "h1", 0), ("GpuIncident", "firing", "h1", 0),
+        ("GpuTempSlowdown", "firing", "h1", 0), ("GpuTempSlowdown", "resolved", "h1", 0),
+        ("GpuTempNearShutdown", "resolved", "h1", 0), ("GpuIncident", "resolved", "h1", 0)]
     m = metrics["power_thermal"]
-    assert (m.emitted, m.errored) == (4, 1) and m.batches >= 1  # errored: the broken rack report
+    assert (m.emitted, m.errored) == (6, 1) and m.batches >= 1  # errored: the broken rack report
     assert metrics.refused == {SAMPLES_TOPIC: 1, RACKS_TOPIC: 1}  # once per record, however many stages read it
     assert emitter.to(SAMPLES_TOPIC + ".dlq") != [] and len(emitter.to(SAMPLES_TOPIC + ".dlq")) == 1
     assert orjson.loads(emitter.to(SAMPLES_TOPIC + ".dlq")[0].value)["source_topic"] == RACKS_TOPIC  # not the sample

@@ -144,10 +144,15 @@ async def test_runaway_fires_once_resolves_once_across_restart(kafka_bootstrap, 
 
     everything = [Alert.model_validate_json(r.value)
                   for r in await read_all(kafka_bootstrap, alerts_topic, ALERTS.partitions)]
-    alerts = [a for a in everything if a.host]
+    incident = [a for a in everything if a.alertname == "GpuIncident"]
+    alerts = [a for a in everything if a.host and a.alertname != "GpuIncident"]
     assert [(a.host, a.gpu_index, a.alertname, a.status) for a in alerts] == [
         ("h1", 5, "GpuTempSlowdown", "firing"), ("h1", 5, "GpuTempSlowdown", "resolved")]
     assert alerts[0].fingerprint == alerts[1].fingerprint and alerts[1].starts_at == alerts[0].starts_at
+    # Its GPU's incident (the page) opened with it and, its state kept across the restart, closed with it.
+    assert [(a.gpu_index, a.status, a.ts) for a in incident] == [(5, "firing", alerts[0].ts),
+                                                                (5, "resolved", alerts[1].ts)]
+    assert alerts[0].labels["incident"] == incident[0].fingerprint == incident[1].fingerprint
     assert alerts[1].ts == t0 + 5 * (len(PHASE1) + 4) + 60  # 60 s after the first reading under 86 C
     racks = sorted((a.alertname, a.status, a.rack, a.ts - t0, a.starts_at - t0, a.value)
                    for a in everything if not a.host)
