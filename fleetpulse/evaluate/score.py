@@ -29,7 +29,8 @@ THERMAL_ALERTS = frozenset({"GpuTempHigh", "GpuTempSlowdown", "GpuTempNearShutdo
                             "GpuSwThermalSlowdown", "GpuHwSlowdown"})
 RACK_ALERTS = frozenset({"RackPowerOverBudget"})
 BREAKER_ALERT = "FleetDrainBreakerOpen"
-INCIDENT_ALERT = "GpuIncident"  # one per GPU over its conditions (streams/power_thermal/rules.py): the page
+# One per GPU, and one per rack, over its conditions (streams/power_thermal/rules.py): the pages.
+INCIDENT_ALERTS = frozenset({"GpuIncident", "RackIncident"})
 DETECTION_PREFIXES = ("fault:", "alert:", "straggler")
 OUT_OF_SERVICE = frozenset({"drain_requested", "drained", "repairing", "validating", "replace"})
 
@@ -99,7 +100,7 @@ def signals(faults: Iterable[Mapping], alerts: Iterable[Mapping], stragglers: It
         out.append(Signal(f"fault:{f['code']}", f["host"], float(f["first_ts"]), float(f["kafka_ts"]),
                           f.get("gpu_index"), ident=f"{f['fault_id']} bin={f['bin']}"))
     for a in alerts:
-        if a["status"] != "firing" or a["alertname"] == INCIDENT_ALERT:  # the incident pages its conditions' signal
+        if a["status"] != "firing" or a["alertname"] in INCIDENT_ALERTS:  # an incident pages its conditions' signals
             continue
         token = "alert:thermal" if a["alertname"] in THERMAL_ALERTS else \
             "alert:rack_power" if a["alertname"] in RACK_ALERTS else f"alert:{a['alertname']}"
@@ -287,8 +288,8 @@ def breaker(alerts: Sequence[Mapping], sigs: Sequence[Signal], run: Run) -> dict
 
 def alert_counts(alerts: Iterable[Mapping], run: Run) -> dict:
     """Alerts by name and status, and the pages: how noisy the run was for whoever is paged. A page is a firing
-    notification of an alert that is nobody's condition: a GPU incident opening or escalating, a rack or breaker
-    alert; the per-rule conditions inside an incident are its evidence, not pages of their own."""
+    notification of an alert that is nobody's condition: a GPU or rack incident opening or escalating, the breaker;
+    the per-rule conditions inside an incident are its evidence, not pages of their own."""
     out: dict[str, dict[str, int]] = {"firing": defaultdict(int), "resolved": defaultdict(int)}
     pages: dict[str, int] = defaultdict(int)
     for a in alerts:

@@ -9,7 +9,7 @@ import numpy as np
 
 from schemas.analytics import Alert
 from schemas.analytics import fingerprint
-from streams.power_thermal.rules import AlertState, RackReport, Rule, step
+from streams.power_thermal.rules import RACK_INCIDENT, AlertState, RackReport, Rule, incident_step, step
 
 RACK_RULES = (
     Rule("RackPowerNearBudget", "warning", "rack_power_w", scale=0.9, margin=0.03, relative_margin=True,
@@ -29,21 +29,24 @@ class RackConfig:
 
 @dataclass(frozen=True)
 class RackState:
-    """Per rack: each host's newest (ts, GPU watts, complete) and the rack's alert states by alertname."""
+    """Per rack: each host's newest (ts, GPU watts, complete), the rack's alert states by alertname, and its open
+    incident (RackIncident over the rack's conditions, as GpuIncident over a GPU's: rules.incident_step)."""
 
     hosts: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
     alerts: dict[str, AlertState] = field(default_factory=dict)
+    incident: dict | None = None
 
     def to_json(self) -> dict:
-        return {"hosts": {h: list(v) for h, v in self.hosts.items()},
-                "alerts": {k: v.to_json() for k, v in self.alerts.items()}}
+        out = {"hosts": {h: list(v) for h, v in self.hosts.items()},
+               "alerts": {k: v.to_json() for k, v in self.alerts.items()}}
+        return {**out, "incident": self.incident} if self.incident else out
 
     @classmethod
     def from_json(cls, raw: dict | None) -> RackState:
         if not raw:
             return cls()
         return cls({h: (v[0], v[1], bool(v[2])) for h, v in raw["hosts"].items()},
-                   {k: AlertState.from_json(v) for k, v in raw["alerts"].items()})
+                   {k: AlertState.from_json(v) for k, v in raw["alerts"].items()}, raw.get("incident"))
 
 
 def evaluate_racks(reports: Sequence[RackReport], state: Mapping[str, RackState], config: RackConfig):
@@ -64,7 +67,7 @@ def evaluate_racks(reports: Sequence[RackReport], state: Mapping[str, RackState]
         hosts[rep.host] = (rep.ts, rep.power_w, rep.complete)
         power = np.fromiter((v[1] for v in hosts.values()), dtype=float, count=len(hosts))
         total, complete = float(power.sum()), all(v[2] for v in hosts.values())
-        kept = dict(cur.alerts)
+        kept, incident = dict(cur.alerts), cur.incident
         for rule in config.rules:
             threshold = budget * rule.scale
             below = threshold - rule.margin * budget
@@ -80,8 +83,11 @@ def evaluate_racks(reports: Sequence[RackReport], state: Mapping[str, RackState]
             else:
                 kept.pop(rule.alertname, None)
             if event:
-                alerts.append(_rack_alert(rule, event, st, rep, hosts, budget, threshold, below, complete))
-        new[rep.rack] = RackState(hosts, kept)
+                condition = _rack_alert(rule, event, st, rep, hosts, budget, threshold, below, complete)
+                incident, events = incident_step(incident, condition, RACK_INCIDENT,
+                                                 fingerprint(RACK_INCIDENT, rack=rep.rack))
+                alerts += events
+        new[rep.rack] = RackState(hosts, kept, incident)
     return alerts, new
 
 

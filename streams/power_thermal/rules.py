@@ -5,7 +5,8 @@ Each rule fires and resolves its own alert (a condition). A GPU with any conditi
 `GpuIncident`: it fires with the first condition, fires again (same fingerprint, the higher severity) only when a
 more severe condition joins, lists the conditions firing in its summary, and resolves with the last one. A condition
 that fires while a more severe one is firing on the same GPU carries `inhibited_by` (Alertmanager's inhibition, done
-here): whoever pages routes `GpuIncident` (and rack alerts) and keeps the conditions as its evidence.
+here): whoever pages routes `GpuIncident` (and `RackIncident`, the same over a rack's budget alerts: racks.py) and
+keeps the conditions as their evidence.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ DEFAULT_RULES = (
 
 
 INCIDENT = "GpuIncident"
+RACK_INCIDENT = "RackIncident"
 SEVERITY = {"info": 0, "warning": 1, "critical": 2, "page": 3}
 
 
@@ -256,55 +258,60 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
 
 
 def _incidents(alerts: list[Alert], state: Mapping[str, SubjectState], new: dict[str, SubjectState]) -> list[Alert]:
-    """The conditions' events in order, each GPU's incident folded through them: the incident's own events inserted
-    after the condition event that moved it, the conditions labelled with their incident (and what inhibits them).
-    Folded event by event, so it gives the same pages whatever the batches."""
+    """The conditions' events in order, each GPU's incident folded through them (incident_step). Folded event by
+    event, so it gives the same pages whatever the batches."""
     out: list[Alert] = []
     for a in alerts:
         cur = new.get(a.host) or state.get(a.host) or SubjectState()
         gpu = str(a.gpu_index)
-        inc = cur.incidents.get(gpu)
-        conditions = dict(inc["conditions"]) if inc else {}
-        was = max(conditions.values(), key=SEVERITY.__getitem__, default=None)
-        top = max(conditions, key=lambda n: SEVERITY[conditions[n]], default=None)
-        fp = fingerprint(INCIDENT, host=a.host, gpu_index=a.gpu_index)
-        labels = {**a.labels, "incident": fp}
-        if a.status == "firing" and top is not None and SEVERITY[conditions[top]] > SEVERITY[a.severity]:
-            labels["inhibited_by"] = top
-        out.append(a.model_copy(update={"labels": labels}))
-        if a.status == "firing":
-            conditions[a.alertname] = a.severity
-        else:
-            conditions.pop(a.alertname, None)
-            if inc is None:
-                continue  # a condition that fired before incidents were kept: it never paged, nothing to resolve
+        inc, events = incident_step(cur.incidents.get(gpu), a, INCIDENT,
+                                    fingerprint(INCIDENT, host=a.host, gpu_index=a.gpu_index))
+        out += events
         incidents = {k: v for k, v in cur.incidents.items() if k != gpu}
-        if conditions:
-            severity = max(conditions.values(), key=SEVERITY.__getitem__)
-            paged = inc["severity"] if inc else None
-            starts_at = inc["starts_at"] if inc else a.starts_at
-            incidents[gpu] = {"starts_at": starts_at, "severity": max(severity, paged or severity,
-                                                                      key=SEVERITY.__getitem__),
-                              "conditions": conditions}
-            if paged is None or SEVERITY[severity] > SEVERITY[paged]:  # opened, or escalated: a page
-                out.append(_incident(a, fp, "firing", severity, starts_at, conditions, was))
-        elif inc is not None:
-            out.append(_incident(a, fp, "resolved", inc["severity"], inc["starts_at"], {}, was))
-        new[a.host] = replace(cur, incidents=incidents)
+        new[a.host] = replace(cur, incidents={**incidents, gpu: inc} if inc else incidents)
     return out
 
 
-def _incident(a: Alert, fp: str, status: str, severity: str, starts_at: float, conditions: dict[str, str],
-              was: str | None) -> Alert:
+def incident_step(inc: dict | None, a: Alert, name: str, fp: str) -> tuple[dict | None, list[Alert]]:
+    """One condition event `a` through its subject's open incident `inc` ({"starts_at", "severity" paged,
+    "conditions" {alertname: severity}}, None when none is open): the incident after it, and the alerts to send —
+    the condition labelled with its incident (and `inhibited_by` under a more severe one), then the incident's own
+    event when it opened, escalated or resolved."""
+    conditions = dict(inc["conditions"]) if inc else {}
+    top = max(conditions, key=lambda n: SEVERITY[conditions[n]], default=None)
+    labels = {**a.labels, "incident": fp}
+    if a.status == "firing" and top is not None and SEVERITY[conditions[top]] > SEVERITY[a.severity]:
+        labels["inhibited_by"] = top
+    out = [a.model_copy(update={"labels": labels})]
+    if a.status == "firing":
+        conditions[a.alertname] = a.severity
+    else:
+        conditions.pop(a.alertname, None)
+    if inc is None and not conditions:
+        return None, out  # a condition that fired before incidents were kept: it never paged, nothing to resolve
+    if not conditions:
+        return None, [*out, _incident(a, name, fp, "resolved", inc["severity"], inc["starts_at"], {}, None)]
+    severity = max(conditions.values(), key=SEVERITY.__getitem__)
+    paged = inc["severity"] if inc else None
+    starts_at = inc["starts_at"] if inc else a.starts_at
+    kept = {"starts_at": starts_at, "severity": max(severity, paged or severity, key=SEVERITY.__getitem__),
+            "conditions": conditions}
+    if paged is None or SEVERITY[severity] > SEVERITY[paged]:  # opened, or escalated: a page
+        out.append(_incident(a, name, fp, "firing", severity, starts_at, conditions, paged))
+    return kept, out
+
+
+def _incident(a: Alert, name: str, fp: str, status: str, severity: str, starts_at: float,
+              conditions: dict[str, str], was: str | None) -> Alert:
+    subject = f"rack {a.rack}" if a.gpu_index is None else f"{a.host} GPU {a.gpu_index}"
     names = ", ".join(f"{n} ({s})" for n, s in sorted(conditions.items(), key=lambda kv: -SEVERITY[kv[1]]))
     if status == "resolved":
-        summary = f"{a.host} GPU {a.gpu_index}: incident over (last condition {a.alertname} resolved); " \
-                  f"started {starts_at:.0f}"
+        summary = f"{subject}: incident over (last condition {a.alertname} resolved); started {starts_at:.0f}"
     else:
         why = f"escalated from {was} by {a.alertname}" if was else f"opened by {a.alertname}"
-        summary = f"{a.host} GPU {a.gpu_index}: {names}; {why}; since {starts_at:.0f}"
+        summary = f"{subject}: {names}; {why}; since {starts_at:.0f}"
     return a.model_copy(update={
-        "fingerprint": fp, "status": status, "alertname": INCIDENT, "severity": severity, "starts_at": starts_at,
+        "fingerprint": fp, "status": status, "alertname": name, "severity": severity, "starts_at": starts_at,
         "ends_at": a.ts if status == "resolved" else None, "summary": summary,
         "labels": {**{k: v for k, v in a.labels.items() if k != "inhibited_by"}, "conditions": ",".join(conditions),
                    "moved_by": a.alertname},

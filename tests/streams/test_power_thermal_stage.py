@@ -50,10 +50,14 @@ def test_rack_reports_fire_the_rack_budget_alert():
                       2 * i + k, 0)
                for i in range(6) for k, h in enumerate(("h1", "h2"))]
     state = StepState({"hosts": {}, "racks": {}}, {"r1": 2})
-    [alert] = [Alert.model_validate_json(e.value) for e in pt.step(reports, state, CFG)]
+    alert, incident = [Alert.model_validate_json(e.value) for e in pt.step(reports, state, CFG)]
     assert (alert.alertname, alert.status, alert.rack, alert.value, alert.ts) == (
         "RackPowerOverBudget", "firing", "r1", 3_200.0, 1_030.0)
+    assert (incident.alertname, incident.status, incident.rack, incident.severity) == (
+        "RackIncident", "firing", "r1", "critical")
+    assert alert.labels["incident"] == incident.fingerprint
     assert state.get("racks", "r1")["alerts"]["RackPowerOverBudget"][1] is True
+    assert state.get("racks", "r1")["incident"]["conditions"] == {"RackPowerOverBudget": "critical"}
 
 
 def test_a_record_the_rules_choke_on_is_isolated_not_the_batch():

@@ -80,3 +80,17 @@ def test_replayed_reports_and_json_state_change_nothing():
     state = {r: RackState.from_json(orjson.loads(orjson.dumps(s.to_json()))) for r, s in state.items()}
     again, _ = run(samples, state=state)
     assert again == []
+
+
+def test_one_rack_incident_opens_with_the_first_condition_and_closes_with_the_last():
+    watts = [700.0] * 10 + [500.0] * 20
+    alerts, state = run(host_samples("h1", watts) + host_samples("h2", watts, t0=1_005.0))
+    incident = [(a.status, a.ts, a.severity, a.labels["moved_by"]) for a in alerts if a.alertname == "RackIncident"]
+    # over budget (critical) at 1035 opens it; near budget (warning) at 1065 joins silently, inhibited; the near
+    # alert's resolve at 1225, the last, closes it
+    assert incident == [("firing", 1_035.0, "critical", "RackPowerOverBudget"),
+                        ("resolved", 1_225.0, "critical", "RackPowerNearBudget")]
+    near = next(a for a in alerts if a.alertname == "RackPowerNearBudget" and a.status == "firing")
+    assert near.labels["inhibited_by"] == "RackPowerOverBudget"
+    assert near.labels["incident"] == fingerprint("RackIncident", rack="r1")
+    assert state["r1"].incident is None
