@@ -120,6 +120,11 @@ def build(settings: CommonSettings, start: datetime | None, end: datetime | None
                              "GROUP BY alertname ORDER BY fired DESC, alertname")
     for row in alerts:
         row["per_1000_gpu_days"] = round(int(row["fired"]) / (gpu_days / 1000), 2) if gpu_days else None
+    # Pages: firings (openings and escalations) of alerts that are no incident's condition, info left out.
+    pages = _rows(settings, f"SELECT alertname, uniqExact(fingerprint, ts) AS pages FROM alerts "
+                            f"WHERE status = 'firing' AND labels['incident'] = '' AND severity != 'info' "
+                            f"AND ts {in_range} GROUP BY alertname ORDER BY pages DESC, alertname")
+    paged = sum(int(r["pages"]) for r in pages)
 
     stragglers = _rows(settings, f"""
         SELECT count() AS windows_flagged, uniqExact(job) AS jobs,
@@ -143,7 +148,9 @@ def build(settings: CommonSettings, start: datetime | None, end: datetime | None
                                 "share": round(again / returns, 4) if returns else None,
                                 "worst": [r for r in repeats if int(r["failed_again"])][:10],
                                 "sent_to_replace": [{**o, "drains": int(o["drains"])} for o in offenders]},
-        "alerts": {"gpu_days": round(gpu_days, 2), "by_name": alerts},
+        "alerts": {"gpu_days": round(gpu_days, 2), "by_name": alerts, "pages": paged,
+                   "pages_by_name": {r["alertname"]: int(r["pages"]) for r in pages},
+                   "pages_per_1000_gpu_days": round(paged / (gpu_days / 1000), 2) if gpu_days else None},
         "stragglers": {**stragglers, "windows_flagged": int(stragglers["windows_flagged"]),
                        "jobs": int(stragglers["jobs"]), "job_seconds_lost": float(stragglers["job_seconds_lost"] or 0)},
     }
@@ -173,7 +180,8 @@ def render(r: dict) -> str:
     out += [f"  {w['host']}: {w['failed_again']} of {w['returns']}" for w in rep["worst"]]
     out += [f"  {o['host']}: sent to replace at {o['drained_at']:.0f}, drain {o['drains']} for {o['repair']} "
             f"(returned at {o['returned_at']})" for o in rep["sent_to_replace"]]
-    out += ["", f"alerts              per 1,000 GPU-days ({r['alerts']['gpu_days']} GPU-days)"]
+    out += ["", f"alerts              per 1,000 GPU-days ({r['alerts']['gpu_days']} GPU-days); "
+                f"{r['alerts']['pages']} pages ({r['alerts']['pages_per_1000_gpu_days']} per 1,000 GPU-days)"]
     out += [f"  {a['alertname']:<28} {a['severity']:<9} {a['fired']:>5} fired  {a['per_1000_gpu_days']}"
             for a in r["alerts"]["by_name"]]
     out += ["", f"stragglers          {s['windows_flagged']} windows flagged in {s['jobs']} jobs, "

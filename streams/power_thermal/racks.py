@@ -9,7 +9,9 @@ import numpy as np
 
 from schemas.analytics import Alert
 from schemas.analytics import fingerprint
-from streams.power_thermal.rules import RACK_INCIDENT, AlertState, RackReport, Rule, incident_step, step
+from streams.power_thermal.rules import (
+    RACK_INCIDENT, AlertState, RackReport, Rule, event_order, incident_step, rebuilt_incident, step,
+)
 
 RACK_RULES = (
     Rule("RackPowerNearBudget", "warning", "rack_power_w", scale=0.9, margin=0.03, relative_margin=True,
@@ -35,18 +37,19 @@ class RackState:
     hosts: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
     alerts: dict[str, AlertState] = field(default_factory=dict)
     incident: dict | None = None
+    incident_kept: bool = True  # False: written before incidents were kept (rebuilt from the firing conditions)
 
     def to_json(self) -> dict:
-        out = {"hosts": {h: list(v) for h, v in self.hosts.items()},
-               "alerts": {k: v.to_json() for k, v in self.alerts.items()}}
-        return {**out, "incident": self.incident} if self.incident else out
+        return {"hosts": {h: list(v) for h, v in self.hosts.items()},
+                "alerts": {k: v.to_json() for k, v in self.alerts.items()}, "incident": self.incident}
 
     @classmethod
     def from_json(cls, raw: dict | None) -> RackState:
         if not raw:
             return cls()
         return cls({h: (v[0], v[1], bool(v[2])) for h, v in raw["hosts"].items()},
-                   {k: AlertState.from_json(v) for k, v in raw["alerts"].items()}, raw.get("incident"))
+                   {k: AlertState.from_json(v) for k, v in raw["alerts"].items()}, raw.get("incident"),
+                   "incident" in raw)
 
 
 def evaluate_racks(reports: Sequence[RackReport], state: Mapping[str, RackState], config: RackConfig):
@@ -67,7 +70,10 @@ def evaluate_racks(reports: Sequence[RackReport], state: Mapping[str, RackState]
         hosts[rep.host] = (rep.ts, rep.power_w, rep.complete)
         power = np.fromiter((v[1] for v in hosts.values()), dtype=float, count=len(hosts))
         total, complete = float(power.sum()), all(v[2] for v in hosts.values())
-        kept, incident = dict(cur.alerts), cur.incident
+        kept, incident, events = dict(cur.alerts), cur.incident, []
+        if not cur.incident_kept:
+            incident = rebuilt_incident({n: st for n, st in cur.alerts.items() if st.firing},
+                                        {rule.alertname: rule.severity for rule in config.rules})
         for rule in config.rules:
             threshold = budget * rule.scale
             below = threshold - rule.margin * budget
@@ -83,10 +89,11 @@ def evaluate_racks(reports: Sequence[RackReport], state: Mapping[str, RackState]
             else:
                 kept.pop(rule.alertname, None)
             if event:
-                condition = _rack_alert(rule, event, st, rep, hosts, budget, threshold, below, complete)
-                incident, events = incident_step(incident, condition, RACK_INCIDENT,
-                                                 fingerprint(RACK_INCIDENT, rack=rep.rack))
-                alerts += events
+                events.append(_rack_alert(rule, event, st, rep, hosts, budget, threshold, below, complete))
+        for condition in sorted(events, key=event_order):  # one report's events: as incident_step wants them
+            incident, sent = incident_step(incident, condition, RACK_INCIDENT,
+                                           fingerprint(RACK_INCIDENT, rack=rep.rack))
+            alerts += sent
         new[rep.rack] = RackState(hosts, kept, incident)
     return alerts, new
 

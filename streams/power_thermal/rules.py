@@ -128,23 +128,22 @@ class AlertState:
 
 @dataclass(frozen=True)
 class SubjectState:
-    """State of one host (keys 'gpu/alertname') or one rack; `wm` is the newest sample time applied; `incidents` the
-    open incident of each GPU (key: its index): {"starts_at", "severity" paged, "conditions" {alertname: severity}}."""
+    """State of one host (keys 'gpu/alertname') or one rack; `wm` is the newest sample time applied; `incidents` each
+    GPU's incident (key: its index) as incident_step keeps it."""
 
     wm: float = 0.0
     alerts: dict[str, AlertState] = field(default_factory=dict)
-    incidents: dict[str, dict] = field(default_factory=dict)
+    incidents: dict[str, dict] | None = field(default_factory=dict)  # None: written before incidents were kept
 
     def to_json(self) -> dict:
         out = {"wm": self.wm, "alerts": {k: v.to_json() for k, v in self.alerts.items()}}
-        return {**out, "incidents": self.incidents} if self.incidents else out
+        return {**out, "incidents": self.incidents} if self.incidents is not None else out
 
     @classmethod
     def from_json(cls, raw: dict | None) -> SubjectState:
         if not raw:
             return cls()
-        return cls(raw["wm"], {k: AlertState.from_json(v) for k, v in raw["alerts"].items()},
-                   raw.get("incidents") or {})
+        return cls(raw["wm"], {k: AlertState.from_json(v) for k, v in raw["alerts"].items()}, raw.get("incidents"))
 
 
 @dataclass(frozen=True)
@@ -253,16 +252,25 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
         cur = new.get(host) or state.get(host)
         if cur is not None and (host in new or cur.alerts) and w > cur.wm:
             new[host] = replace(cur, wm=w)
-    alerts.sort(key=lambda a: a.ts)  # chronological, rule order within one sample: as if fed one by one
-    return Evaluation(_incidents(alerts, state, new), new, reports)
+    severity_of = {rule.alertname: rule.severity for rule in config.rules}
+    return Evaluation(_incidents(alerts, state, new, severity_of), new, reports)
 
 
-def _incidents(alerts: list[Alert], state: Mapping[str, SubjectState], new: dict[str, SubjectState]) -> list[Alert]:
+def event_order(a: Alert) -> tuple:
+    """Events of one instant: firings before resolves (a condition handing over to another keeps its incident open),
+    the most severe first (a warning and a critical crossing together open one incident at critical)."""
+    return a.ts, a.status != "firing", -SEVERITY[a.severity]
+
+
+def _incidents(alerts: list[Alert], state: Mapping[str, SubjectState], new: dict[str, SubjectState],
+               severity_of: Mapping[str, str]) -> list[Alert]:
     """The conditions' events in order, each GPU's incident folded through them (incident_step). Folded event by
     event, so it gives the same pages whatever the batches."""
     out: list[Alert] = []
-    for a in alerts:
-        cur = new.get(a.host) or state.get(a.host) or SubjectState()
+    for a in sorted(alerts, key=event_order):
+        cur = new.get(a.host) or state.get(a.host) or SubjectState(incidents={})
+        if cur.incidents is None:  # state from before incidents: what fired before this batch is the open incident
+            cur = replace(cur, incidents=_rebuilt(state.get(a.host) or SubjectState(), severity_of))
         gpu = str(a.gpu_index)
         inc, events = incident_step(cur.incidents.get(gpu), a, INCIDENT,
                                     fingerprint(INCIDENT, host=a.host, gpu_index=a.gpu_index))
@@ -272,11 +280,40 @@ def _incidents(alerts: list[Alert], state: Mapping[str, SubjectState], new: dict
     return out
 
 
+def _rebuilt(st: SubjectState, severity_of: Mapping[str, str]) -> dict[str, dict]:
+    """The incidents of host state written before incidents were kept: each GPU's firing conditions, taken as already
+    paged (each paged on its own then)."""
+    firing: dict[str, dict[str, AlertState]] = {}
+    for key, alert in st.alerts.items():
+        gpu, _, name = key.partition("/")
+        if alert.firing and name in severity_of:
+            firing.setdefault(gpu, {})[name] = alert
+    return {gpu: rebuilt_incident(states, severity_of) for gpu, states in firing.items()}
+
+
+def rebuilt_incident(firing: Mapping[str, AlertState], severity_of: Mapping[str, str]) -> dict | None:
+    """One subject's incident from its firing conditions (state written before incidents were kept)."""
+    conditions = {name: severity_of[name] for name in firing if name in severity_of}
+    if not conditions:
+        return None
+    level = _level(conditions)
+    since = min(st.starts_at for st in firing.values()) if level else None
+    return {"conditions": conditions, "open_since": since, "paged": level}
+
+
+def _level(conditions: Mapping[str, str]) -> str | None:
+    """The severity an incident pages at: its most severe firing condition; info conditions alone page nobody."""
+    top = max(conditions.values(), key=SEVERITY.__getitem__, default=None)
+    return top if top is not None and SEVERITY[top] > SEVERITY["info"] else None
+
+
 def incident_step(inc: dict | None, a: Alert, name: str, fp: str) -> tuple[dict | None, list[Alert]]:
-    """One condition event `a` through its subject's open incident `inc` ({"starts_at", "severity" paged,
-    "conditions" {alertname: severity}}, None when none is open): the incident after it, and the alerts to send —
-    the condition labelled with its incident (and `inhibited_by` under a more severe one), then the incident's own
-    event when it opened, escalated or resolved."""
+    """One condition event `a` through its subject's incident `inc` ({"conditions" {alertname: severity} firing,
+    "open_since" (None while only info conditions fire), "paged" the severity last paged}; None: nothing firing).
+    Returns the incident after it and the alerts to send: the condition labelled with its incident (and
+    `inhibited_by` under a more severe one), then the incident's own event when it opened, escalated above what it
+    last paged, or resolved. `paged` follows the conditions down as they resolve, so a critical condition that
+    returns while a warning has kept the incident open pages again."""
     conditions = dict(inc["conditions"]) if inc else {}
     top = max(conditions, key=lambda n: SEVERITY[conditions[n]], default=None)
     labels = {**a.labels, "incident": fp}
@@ -287,18 +324,18 @@ def incident_step(inc: dict | None, a: Alert, name: str, fp: str) -> tuple[dict 
         conditions[a.alertname] = a.severity
     else:
         conditions.pop(a.alertname, None)
-    if inc is None and not conditions:
-        return None, out  # a condition that fired before incidents were kept: it never paged, nothing to resolve
-    if not conditions:
-        return None, [*out, _incident(a, name, fp, "resolved", inc["severity"], inc["starts_at"], {}, None)]
-    severity = max(conditions.values(), key=SEVERITY.__getitem__)
-    paged = inc["severity"] if inc else None
-    starts_at = inc["starts_at"] if inc else a.starts_at
-    kept = {"starts_at": starts_at, "severity": max(severity, paged or severity, key=SEVERITY.__getitem__),
-            "conditions": conditions}
-    if paged is None or SEVERITY[severity] > SEVERITY[paged]:  # opened, or escalated: a page
-        out.append(_incident(a, name, fp, "firing", severity, starts_at, conditions, paged))
-    return kept, out
+    was, level = (inc or {}).get("paged"), _level(conditions)
+    since = (inc or {}).get("open_since")
+    if level is None:
+        if was is not None:
+            out.append(_incident(a, name, fp, "resolved", was, since, {}, None))
+        return ({"conditions": conditions, "open_since": None, "paged": None} if conditions else None), out
+    if was is None:
+        since = a.starts_at if a.status == "firing" else a.ts
+        out.append(_incident(a, name, fp, "firing", level, since, conditions, None))
+    elif SEVERITY[level] > SEVERITY[was]:
+        out.append(_incident(a, name, fp, "firing", level, since, conditions, was))
+    return {"conditions": conditions, "open_since": since, "paged": level}, out
 
 
 def _incident(a: Alert, name: str, fp: str, status: str, severity: str, starts_at: float,

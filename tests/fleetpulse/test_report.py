@@ -100,6 +100,7 @@ def test_every_figure_over_two_hours(filled):
                                        "returned_at": f"{D - 3600:.0f},{D + 45 * M:.0f}"}]
     assert r["alerts"]["by_name"] == [{"alertname": "GpuThermal", "severity": "warning", "fired": 2,
                                        "per_1000_gpu_days": 300.0}]  # 2 over 160 GPU-hours = 6.67 GPU-days
+    assert (r["alerts"]["pages"], r["alerts"]["pages_by_name"]) == (2, {"GpuThermal": 2})  # no incident's condition
     s = r["stragglers"]
     assert (s["windows_flagged"], s["jobs"], s["hosts"], s["job_seconds_lost"]) == (1, 1, ["h1"], 6.0)
     text = report.render(r)

@@ -237,3 +237,31 @@ def test_incidents_are_the_same_whatever_the_batches_and_through_json_state():
         alerts, _ = run(temps_series("h1", temps), batch=batch, via_json=True)
         assert [(a.alertname, a.status, a.ts, a.severity, a.labels.get("inhibited_by")) for a in alerts] == \
             [(a.alertname, a.status, a.ts, a.severity, a.labels.get("inhibited_by")) for a in whole]
+
+
+def test_a_chronic_warning_keeps_the_incident_open_and_each_critical_return_pages_again():
+    # Power over its limit for the whole run (GpuPowerOverLimit, warning); two hot spells at 89.5 C (slowdown only).
+    temps = [80] * 20 + [89.5] * 10 + [80] * 40 + [89.5] * 10 + [80] * 40
+    samples = [sample("h1", 1000.0 + 5 * i, [gpu(0, t, power_w=740.0)], seq=i) for i, t in enumerate(temps)]
+    alerts, state = run(samples)
+    pages = [(a.status, a.severity, a.labels["moved_by"]) for a in alerts if a.alertname == INCIDENT]
+    assert pages == [("firing", "warning", "GpuPowerOverLimit"), ("firing", "critical", "GpuTempSlowdown"),
+                     ("firing", "critical", "GpuTempSlowdown")]  # the second spell pages again, the power goes on
+    assert state["h1"].incidents["0"]["paged"] == "warning"
+
+
+def test_info_conditions_alone_page_nobody():
+    samples = [sample("h1", 1000.0 + 5 * i, [gpu(0, throttle_reasons=SW_POWER_CAP)], seq=i) for i in range(80)]
+    alerts, state = run(samples)
+    assert named(alerts, "GpuSwPowerCap") == [("firing", 1300.0)] and named(alerts, INCIDENT) == []
+    assert alerts[0].labels["incident"] == fingerprint(INCIDENT, host="h1", gpu_index=0)
+    assert state["h1"].incidents["0"] == {"conditions": {"GpuSwPowerCap": "info"}, "open_since": None, "paged": None}
+
+
+def test_host_state_from_before_incidents_counts_its_firing_conditions_as_paged():
+    _, before = run(temps_series("h1", [90] * 10))  # slowdown and near-shutdown firing
+    legacy = {"h1": SubjectState.from_json({k: v for k, v in before["h1"].to_json().items() if k != "incidents"})}
+    assert legacy["h1"].incidents is None
+    alerts, state = run(temps_series("h1", [90] * 10 + [80] * 40, t0=1050.0), state=legacy)
+    assert named(alerts, INCIDENT) == [("resolved", max(a.ts for a in alerts))]  # no second page, one resolve
+    assert state["h1"].incidents == {}

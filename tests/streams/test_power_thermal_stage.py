@@ -104,8 +104,8 @@ async def test_the_lane_decodes_once_refuses_once_and_keeps_co_partitioned_state
     alerts = [Alert.model_validate_json(s.value) for s in emitter.to(PREFIX + ALERTS.name)]
     assert [(a.alertname, a.status, a.host, a.gpu_index) for a in alerts] == [
         ("GpuTempNearShutdown", "firing", "h1", 0), ("GpuIncident", "firing", "h1", 0),
-        ("GpuTempSlowdown", "firing", "h1", 0), ("GpuTempSlowdown", "resolved", "h1", 0),
-        ("GpuTempNearShutdown", "resolved", "h1", 0), ("GpuIncident", "resolved", "h1", 0)]
+        ("GpuTempSlowdown", "firing", "h1", 0), ("GpuTempNearShutdown", "resolved", "h1", 0),
+        ("GpuTempSlowdown", "resolved", "h1", 0), ("GpuIncident", "resolved", "h1", 0)]
     m = metrics["power_thermal"]
     assert (m.emitted, m.errored) == (6, 1) and m.batches >= 1  # errored: the broken rack report
     assert metrics.refused == {SAMPLES_TOPIC: 1, RACKS_TOPIC: 1}  # once per record, however many stages read it

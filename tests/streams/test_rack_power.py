@@ -86,10 +86,10 @@ def test_one_rack_incident_opens_with_the_first_condition_and_closes_with_the_la
     watts = [700.0] * 10 + [500.0] * 20
     alerts, state = run(host_samples("h1", watts) + host_samples("h2", watts, t0=1_005.0))
     incident = [(a.status, a.ts, a.severity, a.labels["moved_by"]) for a in alerts if a.alertname == "RackIncident"]
-    # over budget (critical) at 1035 opens it; near budget (warning) at 1065 joins silently, inhibited; the near
-    # alert's resolve at 1225, the last, closes it
+    # over budget (critical) at 1035 opens it; near budget (warning) at 1065 joins silently, inhibited; over budget's
+    # resolve at 1220 leaves it open at warning (paged no higher again); the near alert's resolve at 1225 closes it
     assert incident == [("firing", 1_035.0, "critical", "RackPowerOverBudget"),
-                        ("resolved", 1_225.0, "critical", "RackPowerNearBudget")]
+                        ("resolved", 1_225.0, "warning", "RackPowerNearBudget")]
     near = next(a for a in alerts if a.alertname == "RackPowerNearBudget" and a.status == "firing")
     assert near.labels["inhibited_by"] == "RackPowerOverBudget"
     assert near.labels["incident"] == fingerprint("RackIncident", rack="r1")
