@@ -72,11 +72,12 @@ SELECT fingerprint, starts_at, any(alertname) AS alertname, any(severity) AS sev
 FROM alerts WHERE $__timeFilter(starts_at)
 GROUP BY fingerprint, starts_at ORDER BY status = 'firing' DESC, starts_at DESC LIMIT 200""",
           "Alerts that started in the range, firing ones first, with their value, threshold and summary."),
-    Panel("alert_rate", "Alerts fired per bucket", "timeseries", """
-SELECT $__timeInterval(starts_at) AS time, alertname, uniqExact(fingerprint, starts_at) AS fired
-FROM alerts WHERE status = 'firing' AND $__timeFilter(starts_at)
+    Panel("alert_rate", "Pages per bucket", "timeseries", """
+SELECT $__timeInterval(ts) AS time, alertname, uniqExact(fingerprint, ts) AS pages
+FROM alerts WHERE status = 'firing' AND labels['incident'] = '' AND severity != 'info' AND $__timeFilter(ts)
 GROUP BY time, alertname ORDER BY time, alertname""",
-          "New alert firings per bucket, by alert name (noise shows here first)."),
+          "What paged someone per bucket: GPU and rack incidents opening or escalating, the breaker; the per-rule "
+          "conditions inside an incident are its evidence, not pages (noise shows here first)."),
     Panel("drains", "Recent drains and their evidence", "table", """
 SELECT ts, host, action, reason, evidence, event_id
 FROM drain_events WHERE $__timeFilter(ts)
