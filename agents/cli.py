@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 import sys
+from typing import Callable
 
 import orjson
 
@@ -21,6 +22,7 @@ from schemas.provision import ensure_topics
 
 log = logging.getLogger(__name__)
 FAKE_FAULTS = {"lost": "lose_gpu", "reset": "require_reset", "wedge": "wedge", "dbe": "double_bit_error"}
+HOST_FAKE_FAULTS = {"nvml_down": "driver_down"}  # KIND alone, no GPU: the whole library fails (a broken monitor)
 
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -30,17 +32,22 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="poll every collector once, print the messages as JSON and exit (publishes nothing)")
     p.add_argument("--fake-nvml", action="store_true", help="use the recorded 8x H100 host instead of the GPUs")
     p.add_argument("--fake-fault", action="append", default=[], metavar="KIND:GPU",
-                   help=f"with --fake-nvml: inject a fault after start-up ({', '.join(FAKE_FAULTS)}), repeatable")
+                   help=f"with --fake-nvml: inject a fault after start-up ({', '.join(FAKE_FAULTS)}), repeatable; "
+                        f"or KIND alone for the whole host ({', '.join(HOST_FAKE_FAULTS)}: every NVML call fails)")
     return p
 
 
-def _fake(args: argparse.Namespace) -> tuple[Nvml | None, list[tuple[str, int]]]:
-    faults = []
+def _fake(args: argparse.Namespace) -> tuple[Nvml | None, list[tuple[str, int | None]]]:
+    faults: list[tuple[str, int | None]] = []
     for spec in args.fake_fault:
-        kind, _, gpu = spec.partition(":")
-        if kind not in FAKE_FAULTS or not gpu.isdigit():
-            raise ConfigError(f"--fake-fault {spec!r}: expected KIND:GPU with KIND one of {', '.join(FAKE_FAULTS)}")
-        faults.append((FAKE_FAULTS[kind], int(gpu)))
+        kind, sep, gpu = spec.partition(":")
+        if kind in HOST_FAKE_FAULTS and not sep:
+            faults.append((HOST_FAKE_FAULTS[kind], None))
+        elif kind in FAKE_FAULTS and gpu.isdigit():
+            faults.append((FAKE_FAULTS[kind], int(gpu)))
+        else:
+            raise ConfigError(f"--fake-fault {spec!r}: expected KIND:GPU with KIND one of {', '.join(FAKE_FAULTS)}, "
+                              f"or one of {', '.join(HOST_FAKE_FAULTS)} alone")
     if faults and not args.fake_nvml:
         raise ConfigError("--fake-fault needs --fake-nvml")
     if not args.fake_nvml:
@@ -60,8 +67,11 @@ async def _ensure_topics(settings: AgentSettings) -> None:
         log.warning("could not check the topics on %s: %r", settings.bootstrap, exc)
 
 
-async def serve(settings: AgentSettings, stop: asyncio.Event, *, nvml: Nvml | None = None) -> AgentRunner:
-    """The agent proper: spool + publisher + metrics endpoint + collectors, until `stop` is set."""
+async def serve(settings: AgentSettings, stop: asyncio.Event, *, nvml: Nvml | None = None,
+                after_probe: Callable[[], None] | None = None) -> AgentRunner:
+    """The agent proper: spool + publisher + metrics endpoint + collectors, until `stop` is set. The runner's last
+    records (its "stopping" status) are handed over before publisher.close(), which delivers or spools them within
+    agent_shutdown_timeout_s."""
     from agents.metrics import serve as serve_metrics
 
     spool = Spool(settings.spool_dir, max_bytes=settings.agent_spool_max_bytes, fsync=settings.agent_spool_fsync,
@@ -80,7 +90,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event, *, nvml: Nvml | No
             except OSError as exc:
                 raise ConfigError(f"FLEETPULSE_AGENT_METRICS_PORT {settings.agent_metrics_port}: {exc.strerror}") \
                     from exc
-        await runner.run(stop)
+        await runner.run(stop, after_probe=after_probe)
     finally:
         await publisher.close()
         if server is not None:
@@ -92,32 +102,34 @@ async def serve(settings: AgentSettings, stop: asyncio.Event, *, nvml: Nvml | No
     return runner
 
 
-async def _run(settings: AgentSettings, nvml: Nvml | None) -> None:
+async def _run(settings: AgentSettings, nvml: Nvml | None, after_probe: Callable[[], None]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    await serve(settings, stop, nvml=nvml)
+    await serve(settings, stop, nvml=nvml, after_probe=after_probe)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = load_agent_settings(args.config, agent_collectors=args.collectors)
     nvml, faults = _fake(args)
+
+    def inject() -> None:
+        for method, gpu in faults:
+            on = () if gpu is None else (gpu,)  # a host fault takes no GPU
+            getattr(nvml, method)(*on)
+
     if not args.once:
         log.info("agent on %s: collectors %s every %gs -> %s (prefix %r), spool %s", settings.agent_host,
                  ",".join(settings.agent_collectors), settings.agent_interval_s, settings.bootstrap,
                  settings.topic_prefix, settings.spool_dir)
         try:
-            asyncio.run(_run(settings, nvml))
+            asyncio.run(_run(settings, nvml, inject))
         except BrokerError as exc:
             print(f"agent: {exc}", file=sys.stderr)
             return 1
         return 0
-
-    def inject() -> None:
-        for method, gpu in faults:
-            getattr(nvml, method)(gpu)
 
     report = asyncio.run(AgentRunner(settings, nvml=nvml).once(after_probe=inject))
     sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")

@@ -34,6 +34,9 @@ class AgentMetrics(Collector):
                                       labels=["host", "collector"])
         last = GaugeMetricFamily("fleetpulse_agent_collector_last_poll_seconds", "duration of the latest poll",
                                  labels=["host", "collector"])
+        failing = GaugeMetricFamily("fleetpulse_agent_collector_failing",
+                                    "1 while the collector's latest poll raised (named in the agent's status)",
+                                    labels=["host", "collector"])
         for name, state in list(self.runner.states.items()):
             labels = [host, name]
             up.add_metric(labels, 1.0 if state.supported else 0.0)
@@ -41,7 +44,12 @@ class AgentMetrics(Collector):
             errors.add_metric(labels, state.errors)
             records.add_metric(labels, state.records)
             last.add_metric(labels, state.last_poll_s)
-        yield from (up, polls, errors, records, last)
+            failing.add_metric(labels, 1.0 if state.failing else 0.0)
+        status = CounterMetricFamily("fleetpulse_agent_status_records",
+                                     "agent status records (fleet.telemetry.agent) handed to the publisher",
+                                     labels=["host"])
+        status.add_metric([host], self.runner.status_sent)
+        yield from (up, polls, errors, records, last, failing, status)
         if self.publisher is not None:
             yield from self._publisher(host, self.publisher)
 
@@ -64,7 +72,8 @@ class AgentMetrics(Collector):
                                   "refused (full, quota) while the broker was away", pub.dropped),
                 ("spool_corrupt", "damaged stretches of spool segments skipped (a torn write, a flipped byte)",
                  pub.spool.corrupt),
-                ("spool_cursor_errors", "times the spool's delivery cursor could not be written", pub.spool.cursor_errors),
+                ("spool_cursor_errors", "times the spool's delivery cursor could not be written",
+                 pub.spool.cursor_errors),
                 ("spool_pump_errors", "rounds of the spool replay that failed and were retried", pub.pump_errors),
                 ("broker_outages", "times the broker stopped acknowledging", pub.outages)):
             family = CounterMetricFamily(f"fleetpulse_agent_{name}", help_text, labels=["host"])

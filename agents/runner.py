@@ -1,4 +1,5 @@
-"""AgentRunner: runs the chosen host collectors on their cadence (blocking calls in threads), publishes the output."""
+"""AgentRunner: runs the chosen host collectors on their cadence (blocking calls in threads), publishes the output
+and the agent's own condition (AgentStatus on fleet.telemetry.agent)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
 
@@ -16,9 +17,11 @@ from agents.publisher import Publisher
 from agents.registry import BuildContext, Collector, CollectorSpec, chosen_specs, messages, unsupported_reason
 from agents.settings import AgentSettings
 from core.errors import BrokerError
-from schemas.topics import Topic
+from schemas.events import AgentStatus
+from schemas.topics import AGENT, Topic
 
 log = logging.getLogger(__name__)
+ERROR_MAX = 500  # characters of a failing collector's error in its status record
 
 
 @dataclass
@@ -34,6 +37,7 @@ class CollectorState:
     records: int = 0
     last_poll_s: float = 0.0
     last_error: str | None = None
+    failing: bool = False  # the last poll raised: named in the agent's status until a poll succeeds
     busy: asyncio.Future | None = None  # the sample() running in a thread right now
     task: asyncio.Task | None = None
 
@@ -44,13 +48,24 @@ class AgentRunner:
     or as soon as the previous poll found something. Each poll runs in a thread (`asyncio.to_thread`), so a slow
     NVML call or exporter scrape never stalls the others or the publisher. Unsupported collectors are probed again
     every `agent_recheck_s` (a driver that loads late, an exporter that starts late), quietly.
+
+    Next to the collectors' output the agent publishes its own condition (AgentStatus): which collectors run, which
+    fail and why, which are unsupported; at start, every `agent_status_every_s`, at once when that changes, and a
+    last one saying "stopping" on an orderly stop. Without it the pipeline (streams/silence/) could not tell a host
+    gone silent (nothing at all: drain it) from a broken monitor (status saying NVML fails, no samples: alert, never
+    drain) or from a planned stop (a goodbye, then nothing: no fault).
     """
+
+    status_min_gap_s = 1.0  # changes within this long of the last status wait and share one record (a burst, a flap)
 
     def __init__(self, settings: AgentSettings, *, publisher: Publisher | None = None, nvml: Nvml | None = None):
         self.settings, self.publisher = settings, publisher
         self.ctx = BuildContext(settings, nvml)
         self.states: dict[str, CollectorState] = {spec.name: CollectorState(spec) for spec in chosen_specs(settings)}
         self.publish_errors = 0
+        self.status_seq = 0  # AgentStatus.seq of the next status record; per process
+        self.status_sent = 0  # status records the publisher took
+        self._status_due = asyncio.Event()  # a collector started or stopped running or failing
 
     # -- probing ---------------------------------------------------------------------------------------------------
     async def probe(self, *, announce: bool = True) -> None:
@@ -58,6 +73,8 @@ class AgentRunner:
         for state in self.states.values():
             if not state.supported:
                 await asyncio.to_thread(self._probe, state, announce)
+                if state.supported:
+                    self._status_due.set()
 
     def _probe(self, state: CollectorState, announce: bool) -> None:
         name = state.spec.name
@@ -89,13 +106,20 @@ class AgentRunner:
             if repr(exc) != state.last_error:  # log a new kind of failure, not every repeat of it
                 log.warning("collector %s: %r", state.spec.name, exc)
             state.last_error = repr(exc)
+            self._set_failing(state, True)
             return []
         finally:
             state.polls += 1
             state.last_poll_s = time.perf_counter() - started
+        self._set_failing(state, False)
         out = messages(result, self.settings.agent_job)
         state.records += len(out)
         return out
+
+    def _set_failing(self, state: CollectorState, failing: bool) -> None:
+        if state.failing != failing:
+            state.failing = failing
+            self._status_due.set()
 
     async def _publish(self, out: list[tuple[Topic, BaseModel]]) -> None:
         for topic, message in out:
@@ -131,23 +155,67 @@ class AgentRunner:
             if state.supported and state.task is None:
                 state.task = asyncio.create_task(self._run_collector(state), name=f"collector-{state.spec.name}")
 
+    # -- status ----------------------------------------------------------------------------------------------------
+    def status(self, state: Literal["running", "stopping"] = "running") -> AgentStatus:
+        """The agent's own condition now, numbered with the next `status_seq`."""
+        s, running = self.settings, [c for c in self.states.values() if c.supported]
+        status = AgentStatus(
+            **self.ctx.labels, job=s.agent_job, ts=time.time(), seq=self.status_seq, state=state,
+            collectors=[c.spec.name for c in running],
+            failing={c.spec.name: (c.last_error or "")[:ERROR_MAX] for c in running if c.failing},
+            unsupported={c.spec.name: c.reason or "not probed yet" for c in self.states.values() if not c.supported})
+        self.status_seq += 1
+        return status
+
+    async def _publish_status(self, state: Literal["running", "stopping"] = "running") -> None:
+        """Send one status; a failure is counted and logged, never raised: without status a working host would look
+        like a silent one."""
+        try:
+            await self.publisher.send(AGENT, self.status(state))
+        except Exception as exc:
+            self.publish_errors += 1
+            log.error("publish of the agent status to %s failed: %r", AGENT.name, exc)
+        else:
+            self.status_sent += 1
+
+    async def _status_loop(self) -> None:
+        """A status now, then every `agent_status_every_s`, and at once (within `status_min_gap_s`) when a collector
+        starts or stops running or failing."""
+        while True:
+            self._status_due.clear()
+            await self._publish_status()
+            last = time.monotonic()
+            try:
+                await asyncio.wait_for(self._status_due.wait(), self.settings.agent_status_every_s)
+            except TimeoutError:
+                continue
+            await asyncio.sleep(max(0.0, last + self.status_min_gap_s - time.monotonic()))
+
     # -- lifecycle -------------------------------------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event) -> None:
-        """Probe, poll and publish until `stop` is set; then close every collector."""
+    async def run(self, stop: asyncio.Event, after_probe: Callable[[], None] | None = None) -> None:
+        """Probe, poll and publish until `stop` is set; then say goodbye (a "stopping" status) and close every
+        collector. The goodbye is handed to the publisher before this returns, so the caller's publisher.close()
+        delivers it (or spools it, the broker being away) like any record."""
         await self.probe()
+        if after_probe is not None:
+            after_probe()
+        status = asyncio.create_task(self._status_loop(), name="agent-status")
         self._start_loops()
         recheck = asyncio.create_task(self._recheck()) if self.settings.agent_recheck_s > 0 else None
         try:
             await stop.wait()
         finally:
-            tasks = [t for t in [recheck, *(s.task for s in self.states.values())] if t is not None]
+            tasks = [t for t in [status, recheck, *(s.task for s in self.states.values())] if t is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if stop.is_set():  # an orderly stop, not a cancelled agent: the silence that follows is planned
+                await self._publish_status("stopping")
             await self.close()
 
     async def once(self, after_probe: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Probe, poll each supported collector once, close: what `fleetpulse agent --once` prints."""
+        """Probe, poll each supported collector once, close: what `fleetpulse agent --once` prints, the status the
+        agent would publish (under fleet.telemetry.agent) included."""
         await self.probe()
         if after_probe is not None:
             after_probe()
@@ -162,6 +230,7 @@ class AgentRunner:
                 else:
                     entry["reason"] = state.reason
                 report["collectors"][name] = entry
+            report[AGENT.name] = [self.status().model_dump(mode="json")]
         finally:
             await self.close()
         return report

@@ -44,6 +44,32 @@ class XidEvent(BaseModel):
     source: Literal["kmsg", "journald", "file", "nvml", "dcgm", "simulator"] = "kmsg"
 
 
+class AgentStatus(BaseModel):
+    """A host agent's own condition: which collectors run, which fail and why, and whether it is stopping.
+
+    Published every `agent_status_every_s` and at once when a collector starts or stops failing; the last one, with
+    `state` "stopping", when the agent is shut down in order (a planned reboot, maintenance). With the samples it
+    tells a silent host (nothing at all) from a broken monitor (status, no samples) and from one taken away on
+    purpose (a goodbye, then nothing): streams/silence/."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
+    rack: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
+    cluster: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
+    job: str | None = Field(default=None, max_length=NAME_MAX, json_schema_extra=LC_NULL)
+    ts: float = Field(gt=0, json_schema_extra=TS)
+    seq: int = Field(ge=0, description="per-agent status sequence number", json_schema_extra=ch("UInt64"))
+    state: Literal["running", "stopping"] = "running"
+    collectors: list[str] = Field(default_factory=list, max_length=64, description="collectors running here",
+                                  json_schema_extra=ch("Array(LowCardinality(String))"))
+    failing: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                    description="collector -> its last error, for each whose last poll failed")
+    unsupported: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                        description="collector -> why it does not run here")
+    source: Literal["agent", "simulator"] = "agent"
+
+
 def rank_in_world(t: Mapping[str, Any]) -> str | None:
     """A rank numbers one member of its communicator: 0 <= rank < world_size."""
     if t["rank"] >= t["world_size"]:

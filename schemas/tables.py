@@ -164,6 +164,7 @@ TABLES: dict[str, Table] = {
         _flat("xid_events", t.XID, ("host", "ts", "code"), "events"),
         Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), "telemetry", items="ranks",
               shard_by="job"),  # a job's ranks on one shard: its straggler windows are whole there
+        _flat("agent_status", t.AGENT, ("host", "ts"), "events"),
         _flat("health_scores", t.HEALTH, ("host", "ts"), "scores"),
         _flat("faults", t.FAULTS, ("host", "ts", "code"), "events"),
         _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), "scores", shard_by="job"),

@@ -14,7 +14,7 @@ from schemas.analytics import (
     Alert, DrainEvent, FaultEvent, HealthScore, InjectedFault, NodeState, RemediationResult, StragglerScore,
     UsableCompute,
 )
-from schemas.events import NcclStep, NcclTiming, XidEvent, step_of
+from schemas.events import AgentStatus, NcclStep, NcclTiming, XidEvent, step_of
 from schemas.telemetry import HostSample
 from schemas.validate import validator
 
@@ -95,6 +95,8 @@ _TOPICS = [
     Topic("fleet.telemetry.xid", "host", XidEvent, 8, 14 * DAY_MS, key_checked=True, description="XID / SXid events"),
     Topic("fleet.telemetry.nccl", "job", NcclStep, 8, 3 * DAY_MS, legacy=(NcclTiming, step_of), key_checked=True,
           description="collective timings, one record per host and collective (per-rank NcclTiming still read)"),
+    Topic("fleet.telemetry.agent", "host", AgentStatus, 8, 7 * DAY_MS, key_checked=True,
+          description="each host agent's own condition: collectors running and failing, an orderly stop"),
     Topic("fleet.health.scores", "host", HealthScore, 8, 7 * DAY_MS, description="GPU and node health scores"),
     Topic("fleet.faults", "host", FaultEvent, 8, 30 * DAY_MS, description="binned fault events"),
     Topic("fleet.stragglers", "job", StragglerScore, 8, 7 * DAY_MS, description="per-rank straggler scores"),
@@ -112,6 +114,7 @@ TOPICS: dict[str, Topic] = {t.name: t for t in _TOPICS}
 SAMPLES = TOPICS["fleet.telemetry.samples"]
 XID = TOPICS["fleet.telemetry.xid"]
 NCCL = TOPICS["fleet.telemetry.nccl"]
+AGENT = TOPICS["fleet.telemetry.agent"]
 HEALTH = TOPICS["fleet.health.scores"]
 FAULTS = TOPICS["fleet.faults"]
 STRAGGLERS = TOPICS["fleet.stragglers"]
@@ -154,6 +157,8 @@ _INTERNAL = [
                   "straggler candidates re-keyed by the rank's host, to meet its GPU condition"),
     InternalTopic("health-stragglers_by_host", "host", SAMPLES.partitions, STRAGGLERS,
                   "flagged (or just cleared) ranks re-keyed by host, to meet the host's health state"),
+    InternalTopic("silence-fleet", "kind", 1, SAMPLES,
+                  "each host's last sign of life and each job's last collective, for the one fleet-wide judge"),
     InternalTopic("lifecycle-decisions", "host", HEALTH.partitions, DRAIN,
                   "the breaker's answers to drain proposals, back to the node's partition"),
     InternalTopic("lifecycle-fleet", "kind", 1, DRAIN,
@@ -163,5 +168,6 @@ INTERNAL: dict[str, InternalTopic] = {t.name: t for t in _INTERNAL}
 RACK_POWER = INTERNAL["power_thermal-rack_power"]
 STRAGGLERS_BY_HOST = INTERNAL["stragglers-by_host"]
 HEALTH_STRAGGLERS = INTERNAL["health-stragglers_by_host"]
+SILENCE_FLEET = INTERNAL["silence-fleet"]
 LIFECYCLE_DECISIONS = INTERNAL["lifecycle-decisions"]
 LIFECYCLE_FLEET = INTERNAL["lifecycle-fleet"]

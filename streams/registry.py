@@ -10,6 +10,7 @@ from streams.health import stage as health
 from streams.fault_bins import stage as fault_bins
 from streams.power_thermal import stage as power_thermal
 from streams.stragglers import stage as stragglers
+from streams.silence import stage as silence
 from streams.runtime.spec import StageSpec
 
 
@@ -18,6 +19,7 @@ _STAGES: list[StageSpec] = [
     power_thermal.STAGE,
     fault_bins.STAGE,
     stragglers.STAGE,
+    silence.STAGE,
     health.STAGE,
     lifecycle.STAGE,
 ]

@@ -12,6 +12,7 @@ from streams.lifecycle.breaker import BreakerConfig
 from streams.fault_bins.config import FaultBinConfig
 from streams.health.rules import HealthConfig
 from streams.lifecycle.rules import LifecycleConfig
+from streams.silence.rules import SilenceConfig
 
 
 class StreamsSettings(CommonSettings):
@@ -49,6 +50,8 @@ class StreamsSettings(CommonSettings):
     health: HealthConfig = Field(default_factory=HealthConfig, description="health score weights and scales")
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, description="node state machine timings")
     breaker: BreakerConfig = Field(default_factory=BreakerConfig, description="drain circuit breaker")
+    silence: SilenceConfig = Field(default_factory=SilenceConfig, description="host silence, broken monitors, "
+                                   "job stalls")
 
     @field_validator("stages", mode="before")
     @classmethod

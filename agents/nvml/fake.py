@@ -49,7 +49,8 @@ class FakeNvml(FaultInjection):
     """Answers like pynvml (names, signatures, ctypes return types, NVMLError codes) from recorded readings.
 
     Handles and event sets are real pynvml ctypes pointers. Fault injection mutates the readings or makes a
-    function (or a whole device) fail with a real NVML return code; `calls` counts every function called.
+    function (or a whole device, or the whole library: driver_down) fail with a real NVML return code; `calls`
+    counts every function called.
     """
 
     def __init__(self, readings: dict | str | Path | None = None, *, clocks_event_api: bool = True,
@@ -64,6 +65,7 @@ class FakeNvml(FaultInjection):
         self._handles = [ctypes.cast(ctypes.pointer(s), pynvml.c_nvmlDevice_t) for s in self._structs]
         self._index = {ctypes.addressof(s): i for i, s in enumerate(self._structs)}
         self._device_errors: dict[int, int] = {}
+        self._library_error: int | None = None  # every call fails with this code (driver_down)
         self._function_errors: dict[tuple[int, str], int] = {}
         self._event_sets: dict[int, tuple[Any, dict[int, int], deque]] = {}
 
@@ -72,6 +74,8 @@ class FakeNvml(FaultInjection):
         self.calls["nvmlInit"] += 1
         if not self.library_present:
             _raise(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        if self._library_error is not None:
+            _raise(self._library_error)
         self._refcount += 1
 
     def nvmlShutdown(self) -> None:
@@ -93,6 +97,14 @@ class FakeNvml(FaultInjection):
         if index in self._device_errors:
             _raise(self._device_errors[index])
         return self._handles[index]
+
+    def driver_down(self, code: int = pynvml.NVML_ERROR_DRIVER_NOT_LOADED) -> None:
+        """The driver died under a running agent (a crashed or unloaded kernel module): every NVML call, nvmlInit
+        included, answers `code` until `driver_up`. The GPUs may be fine; only the monitor is blind."""
+        self._library_error = code
+
+    def driver_up(self) -> None:
+        self._library_error = None
 
     # -- device queries --------------------------------------------------------------------------------------
     def nvmlDeviceGetUUID(self, handle) -> str:
@@ -245,6 +257,8 @@ class FakeNvml(FaultInjection):
     # -- plumbing --------------------------------------------------------------------------------------------
     def _require_init(self, name: str) -> None:
         self.calls[name] += 1
+        if self._library_error is not None:
+            _raise(self._library_error)
         if self._refcount <= 0:
             _raise(pynvml.NVML_ERROR_UNINITIALIZED)
 

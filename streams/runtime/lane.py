@@ -186,9 +186,10 @@ class Lane:
                 continue
             key = msg.key.decode(errors="replace") if msg.key is not None else None
             shared = None  # one Record for the readers that call it the same (it is frozen)
+            ts_ms = int((msg.timestamp or 0) * 1000)  # faust's Message.timestamp is in seconds
             for w, kind in src.readers:
                 if shared is None or shared.kind != kind:
-                    shared = Record(kind, value, key, msg.topic, msg.partition, msg.offset, msg.timestamp or 0)
+                    shared = Record(kind, value, key, msg.topic, msg.partition, msg.offset, ts_ms)
                 by_stage.setdefault(id(w), []).append(shared)
         done: list[tuple[Wired, StepState]] = []
         for w in self.stages:

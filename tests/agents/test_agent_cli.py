@@ -14,9 +14,9 @@ import pytest
 
 from schemas.provision import ensure_topics
 from core.settings import CommonSettings, load
-from schemas.events import XidEvent
+from schemas.events import AgentStatus, XidEvent
 from schemas.telemetry import HostSample
-from schemas.topics import SAMPLES, XID
+from schemas.topics import AGENT as STATUS, SAMPLES, XID
 from tests.agents.test_publisher import consume_all
 from tests.conftest import REPO
 
@@ -44,12 +44,29 @@ def test_once_with_the_fake_nvml_prints_a_valid_sample_and_the_fault(tmp_path):
     collectors = report["collectors"]
     assert collectors["nvml"]["supported"] and collectors["kernel_log"]["supported"]
     assert collectors["nccl_inspector"] == {"supported": False, "reason": "FLEETPULSE_AGENT_NCCL_DUMP_DIR is not set"}
+    (status,) = [AgentStatus.model_validate(s) for s in report[STATUS.name]]  # the agent's own condition: fine
+    assert (status.host, status.rack, status.state, status.failing) == ("gpu-node-0100", "r01", "running", {})
+    assert "nvml" in status.collectors
+    assert status.unsupported["nccl_inspector"] == collectors["nccl_inspector"]["reason"]
     assert not list((tmp_path / "data").glob("spool/seg-*"))  # --once publishes nothing
+
+
+def test_once_with_nvml_down_reports_a_broken_monitor_not_a_lost_gpu(tmp_path):
+    done = subprocess.run([*AGENT, "--once", "--fake-nvml", "--fake-fault", "nvml_down"], env=agent_env(tmp_path),
+                          cwd=tmp_path, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    report = orjson.loads(done.stdout)
+    assert SAMPLES.name not in report and XID.name not in report  # no sample, no fault event: NVML says nothing
+    (status,) = [AgentStatus.model_validate(s) for s in report[STATUS.name]]
+    assert set(status.failing) == {"nvml", "nvml_xid"} and status.state == "running"
+    assert "NVMLError_DriverNotLoaded" in status.failing["nvml"] and "kernel_log" in status.collectors
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--fake-fault", "lost:1"], "needs --fake-nvml"),
     (["--fake-nvml", "--fake-fault", "melted:1"], "KIND:GPU"),
+    (["--fake-nvml", "--fake-fault", "nvml_down:1"], "nvml_down alone"),
+    (["--fake-nvml", "--fake-fault", "lost"], "KIND:GPU"),
     (["--collectors", "nvml,gpud"], "unknown collectors ['gpud']"),
     (["--config", "missing.toml"], "cannot read config file"),
 ])
@@ -88,3 +105,6 @@ async def test_the_agent_runs_until_sigterm_and_stops_cleanly(settings_env, tmp_
     assert time.monotonic() - started < 15
     assert b"agent stopped: sent" in err and b"0 left in the spool" in err
     assert {HostSample.model_validate_json(r.value).host for r in samples} == {"gpu-node-0100"}
+    statuses = [AgentStatus.model_validate_json(r.value) for r in await consume_all(settings, STATUS, 2)]
+    assert statuses[0].state == "running" and statuses[-1].state == "stopping"  # the goodbye reached the broker
+    assert [s.seq for s in statuses] == list(range(len(statuses))) and statuses[-1].host == "gpu-node-0100"

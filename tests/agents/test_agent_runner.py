@@ -13,9 +13,9 @@ from agents.cli import serve
 from agents.nvml.fake import FakeNvml
 from agents.settings import load_agent_settings
 from schemas.provision import ensure_topics
-from schemas.events import XidEvent
+from schemas.events import AgentStatus, XidEvent
 from schemas.telemetry import HostSample
-from schemas.topics import SAMPLES, XID
+from schemas.topics import AGENT, SAMPLES, XID
 from tests.agents.test_publisher import consume_all
 from tests.conftest import _free_port
 
@@ -100,3 +100,11 @@ async def test_the_agent_publishes_samples_and_a_lost_gpu_arrives_as_an_event(se
     assert (kernel.code, kernel.pci_bus_id, kernel.pid, kernel.process) == (48, "0000:18:00.0", 4242, "python3")
     assert (kernel.gpu_index, kernel.gpu_uuid) == (0, nvml.gpus[0]["uuid"])  # PCI 18:00 is GPU 0 per NVML
     assert len(events) == 3
+
+    records = await consume_all(settings, AGENT, runner.status_seq)
+    assert {r.key for r in records} == {HOST.encode()}
+    statuses = [AgentStatus.model_validate_json(r.value) for r in records]
+    assert [s.seq for s in statuses] == list(range(runner.status_seq))  # every status, in order, the goodbye last
+    assert [s.state for s in statuses] == ["running"] * (len(statuses) - 1) + ["stopping"]
+    assert statuses[0].collectors == ["nvml_xid", "nvml", "kernel_log"] and statuses[0].failing == {}
+    assert statuses[0].unsupported["dcgm"] and (statuses[0].rack, statuses[0].job) == ("r07", "llama-70b")

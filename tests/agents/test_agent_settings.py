@@ -48,12 +48,15 @@ def test_a_json_file_and_the_defaults(tmp_path):
     assert str(s.spool_dir) == "/var/lib/fp/spool"
     d = load_agent_settings()
     assert d.agent_interval_s == 10.0 and d.agent_metrics_port == 9464 and d.agent_host
+    assert d.agent_status_every_s == 60.0
     assert d.agent_collectors == ["nvml", "nvml_xid", "kernel_log", "nccl_inspector"]
 
 
 @pytest.mark.parametrize(("text", "suffix", "message"), [
     ("agent_interval_s = -1\n", ".toml", "FLEETPULSE_AGENT_INTERVAL_S (agent_interval_s)"),
     ('agent_collectors = "nvml,gpud"\n', ".toml", "unknown collectors ['gpud']"),
+    ("agent_status_every_s = 0\n", ".toml", "FLEETPULSE_AGENT_STATUS_EVERY_S (agent_status_every_s)"),
+    ("agent_status_every_s = 7200\n", ".toml", "FLEETPULSE_AGENT_STATUS_EVERY_S (agent_status_every_s)"),
     ('agent_kernel_log = "kern.log"\n', ".toml", "FLEETPULSE_AGENT_KERNEL_LOG (agent_kernel_log)"),
     ("agent_spool_fsync = \"sometimes\"\n", ".toml", "FLEETPULSE_AGENT_SPOOL_FSYNC"),
     ('agent_hots = "x"\n', ".toml", "unknown setting 'agent_hots'"),

@@ -75,6 +75,20 @@ def test_injected_errors_are_the_pynvml_subclasses_with_real_codes():
         fake.fail(0, "nvmlDeviceGetPowerUsageTypo")
 
 
+def test_a_dead_driver_fails_every_call_until_it_is_back():
+    fake = FakeNvml()
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(2)
+    event_set = fake.nvmlEventSetCreate()
+    fake.driver_down()
+    for call in (lambda: fake.nvmlInit(), lambda: fake.nvmlDeviceGetCount(), lambda: fake.nvmlDeviceGetPowerUsage(h),
+                 lambda: fake.nvmlDeviceGetHandleByIndex(2), lambda: fake.nvmlEventSetWait_v2(event_set, 10)):
+        with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+            call()
+    fake.driver_up()
+    assert fake.nvmlDeviceGetPowerUsage(h) == fake.gpus[2]["power_mw"] and fake.nvmlDeviceGetCount() == 8
+
+
 def test_recording_is_an_hgx_h100_host_with_reference_values():
     doc = load_readings()
     gpus = doc["gpus"]

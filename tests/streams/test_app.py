@@ -130,7 +130,7 @@ def test_lanes_share_no_refusal_count_and_every_topic_is_counted_once(tmp_path):
     assert sorted(set(read)) == sorted(counted)  # each topic's refusals are counted by exactly one lane
     assert "ns.fleet.faults" in lanes["decisions"].counts
     telemetry = create_app(settings(tmp_path), worker="telemetry").fleetpulse.lanes
-    assert [lane.name for lane in telemetry] == ["telemetry", "nccl"]
+    assert [lane.name for lane in telemetry] == ["telemetry", "nccl", "silence"]
     assert "ns.fleet.telemetry.samples" in telemetry[0].counts
     assert "ns.fleet.faults" in telemetry[0].sources  # health reads faults too: a worker of its own counts them again
     assert "ns.fleet.telemetry.samples" not in lanes["decisions"].sources  # drains never wait behind samples

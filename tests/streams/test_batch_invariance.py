@@ -39,7 +39,7 @@ MIXED = {
         {"kind": "sensor_flap", "at": 0, "host": 7, "gpu": 2, "low_c": 84, "high_c": 90, "period_s": 60},
         {"kind": "xid", "at": 100, "host": 10, "gpu": 7, "code": 79},
         {"kind": "gpu_lost", "at": 120, "duration": 60, "host": 14, "gpu": 7},
-        {"kind": "host_down", "at": 200, "duration": 60, "host": 15},
+        {"kind": "host_down", "at": 200, "duration": 150, "host": 15},  # silent long enough to be judged
     ],
 }
 TICKS = 360

@@ -1,0 +1,1 @@
+"""Host silence, broken monitors and job stalls (rules.py: what they mean; stage.py: the steps)."""
