@@ -10,6 +10,7 @@ Scenario files (JSON; shipped ones live in agents/simulator/scenarios/, full ref
        {"kind": "thermal_runaway",               # xid | thermal_runaway | power_cap | slow_rank | ecc_dbe |
                                                  # row_remap_failure | nvlink_crc | pcie_replay | gpu_lost |
                                                  # congestion | sensor_flap | host_down | job_crash | power_surge
+                                                 # | monitor_broken
         "at": 30,                                # seconds of simulated time after the run's start
         "duration": 60,                          # seconds; omit = until the run ends
         "host": 2, "gpu": 5,                     # target: host index or hostname (+ GPU index; omit = all 8)
@@ -21,8 +22,9 @@ Scenario files (JSON; shipped ones live in agents/simulator/scenarios/, full ref
        {"count": 10, "between": [60, 600],
         "causes": [{"cause": "faulty_gpu", "weight": 3, "fault": {"kind": "gpu_lost"}}]}]}
 
-Each injection yields one InjectedFault on fleet.sim.truth when it starts; unknown fields are errors that name
-the field (e.g. ``faults.0.thermal_runaway.peak_c``).
+Each injection yields one InjectedFault on fleet.sim.truth when it starts (a whole rack's host_down one per host of
+the rack); unknown fields are errors that name the field (e.g. ``faults.0.thermal_runaway.peak_c``). Every host's
+agent also publishes its AgentStatus on fleet.telemetry.agent (agents/simulator/status.py).
 """
 
 from agents.simulator.runner import FleetSimulator, SimulationReport, Tick, build_tick, simulate

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +27,7 @@ class Injection:
     gpus: np.ndarray  # global GPU indices hit
     job: str | None
     rank: int | None
+    hosts: list[int] = field(default_factory=list)  # every host it takes down (a whole rack's); else [host]
     started: bool = False
     ended: bool = False
     start_temp: np.ndarray | None = None
@@ -52,16 +53,27 @@ def _host(fleet: Fleet, ref: int | str, where: str) -> int:
 
 
 def _resolve(fleet: Fleet, number: int, spec) -> Injection:
+    inj = _resolve_target(fleet, number, spec)
+    if getattr(spec, "whole_rack", False):  # every host of the target's rack, the target first
+        rack = fleet.racks[inj.host]
+        inj.hosts = [inj.host] + [h for h in range(fleet.n_hosts) if fleet.racks[h] == rack and h != inj.host]
+        inj.gpus = np.array([h * GPUS_PER_HOST + i for h in inj.hosts for i in range(GPUS_PER_HOST)])
+        inj.rank = None
+    return inj
+
+
+def _resolve_target(fleet: Fleet, number: int, spec) -> Injection:
     where = f"faults.{number}"
     if spec.job is not None:
         job = _job(fleet, spec.job, where)
         if spec.rank is None:  # a whole job (job_crash): it is named by its first host
             gpus = np.arange(GPUS_PER_HOST) + job.hosts[0] * GPUS_PER_HOST
-            return Injection(number, spec, job.hosts[0], gpus, job.name, None)
+            return Injection(number, spec, job.hosts[0], gpus, job.name, None, [job.hosts[0]])
         if spec.rank >= job.world_size:
             raise ConfigError(f"scenario: {where}.rank: {spec.rank} >= world size {job.world_size} of {job.name}")
         gpu = fleet.gpu_of_rank(job, spec.rank)
-        return Injection(number, spec, gpu // GPUS_PER_HOST, np.array([gpu]), job.name, spec.rank)
+        return Injection(number, spec, gpu // GPUS_PER_HOST, np.array([gpu]), job.name, spec.rank,
+                         [gpu // GPUS_PER_HOST])
     host = _host(fleet, spec.host, where)
     indices = range(GPUS_PER_HOST) if spec.gpu is None else [spec.gpu]
     gpus = np.array([host * GPUS_PER_HOST + i for i in indices])
@@ -70,7 +82,7 @@ def _resolve(fleet: Fleet, number: int, spec) -> Injection:
         raise ConfigError(f"scenario: {where}.host: {fleet.hosts[host]} runs no job, so it has no {spec.kind} "
                           "to inject")
     job, rank = (placed[0].name, placed[1]) if placed else (None, None)
-    return Injection(number, spec, host, gpus, job, rank if gpus.size == 1 else None)
+    return Injection(number, spec, host, gpus, job, rank if gpus.size == 1 else None, [host])
 
 
 class FaultInjector:
@@ -89,10 +101,10 @@ class FaultInjector:
             spec = inj.spec
             if not inj.started and spec.at <= t_now:
                 inj.started = True
-                truth.append(truth_record(run_id=self.run_id, number=inj.number, spec=spec, fleet=self.fleet,
-                                          host=inj.host, gpus=inj.gpus, job=inj.job, rank=inj.rank,
-                                          start_ts=self.start_ts, nccl=self.nccl))
+                truth.extend(self._truth(inj))
                 events.extend(self._start(inj))
+                if getattr(spec, "announced", False):
+                    fx.goodbye[inj.hosts] = True
             if isinstance(spec, XidFault) and inj.started:
                 events.extend(self._xid_repeats(inj, t_prev, t_now))
             if inj.started and not inj.ended and t_now >= spec.end:
@@ -102,6 +114,28 @@ class FaultInjector:
                 self._effect(inj, fx, t_now)
         events.sort(key=lambda e: e["ts"])
         return fx, events, truth
+
+    def repaired(self, host: int) -> None:
+        """A repair of `host` is done: a host that went down for good (no duration) is back from the next tick, as
+        the truth's usable compute has it (score._back_at). One down for a while stays down to its end; a whole
+        rack's switch is no host's repair."""
+        for inj in self.injections:
+            spec = inj.spec
+            if (inj.started and not inj.ended and spec.kind == "host_down" and spec.duration is None
+                    and not spec.whole_rack and inj.host == host):
+                inj.ended = True
+
+    def _truth(self, inj: Injection) -> list[dict]:
+        """The injection's truth record; a whole rack's has one per host (each with its own job), parts numbered."""
+        f, whole = self.fleet, getattr(inj.spec, "whole_rack", False)
+        out = []
+        for part, h in enumerate(inj.hosts):
+            gpus = inj.gpus if not whole else np.arange(GPUS_PER_HOST) + h * GPUS_PER_HOST
+            job = inj.job if not whole else f.job_name_of_host(h)
+            out.append(truth_record(run_id=self.run_id, number=inj.number, spec=inj.spec, fleet=f, host=h, gpus=gpus,
+                                    job=job, rank=inj.rank, start_ts=self.start_ts, nccl=self.nccl,
+                                    part=part if whole else None, down=inj.hosts))
+        return out
 
     def _event(self, gpu: int, ts: float, code: int, message: str | None = None, caused_by: int | None = None) -> dict:
         host, index = divmod(gpu, GPUS_PER_HOST)
@@ -189,7 +223,9 @@ class FaultInjector:
             fx.temp_reading_c[g] = spec.high_c if high else spec.low_c
         elif kind == "host_down":
             fx.present[g] = False
-            fx.host_up[inj.host] = False
+            fx.host_up[inj.hosts] = False
+        elif kind == "monitor_broken":
+            fx.monitor_errors[inj.host] = spec.error
         elif kind == "job_crash" or (kind == "xid" and spec.crash_job):
             fx.nccl_stopped[g] = True
         elif kind == "power_surge":

@@ -38,14 +38,16 @@ class Effects:
     power_target_w: np.ndarray  # NaN = none; else the GPU runs flat out drawing this (a power surge)
     transfer_factor: np.ndarray  # collective transfer time of the GPU's job x the largest factor on its ranks
     nccl_stopped: np.ndarray  # the GPU's job has crashed: it writes no NCCL records, its telemetry is untouched
-    host_up: np.ndarray  # per host; a host that is down publishes no sample
+    host_up: np.ndarray  # per host; a host that is down publishes nothing (no sample, status, XID or NCCL record)
+    monitor_errors: dict[int, str]  # host -> error of its failing sample collector: no sample, its status says so
+    goodbye: np.ndarray  # per host; the agent is stopped in order this tick: its last status says 'stopping'
 
     @classmethod
     def healthy(cls, fleet: Fleet) -> Effects:
-        n = fleet.n_gpus
+        n, hosts = fleet.n_gpus, fleet.n_hosts
         return cls(np.full(n, fleet.device.power_limit_w), np.full(n, np.nan), np.zeros(n), np.zeros(n),
                    np.ones(n), np.ones(n, dtype=bool), np.full(n, np.nan), np.full(n, np.nan), np.ones(n),
-                   np.zeros(n, dtype=bool), np.ones(fleet.n_hosts, dtype=bool))
+                   np.zeros(n, dtype=bool), np.ones(hosts, dtype=bool), {}, np.zeros(hosts, dtype=bool))
 
 
 class GpuState:
@@ -102,6 +104,7 @@ class GpuState:
         self.recovery_action = np.zeros(n, dtype=np.int64)
         self.present = np.ones(n, dtype=bool)
         self.host_up = np.ones(fleet.n_hosts, dtype=bool)
+        self.sampling = np.ones(fleet.n_hosts, dtype=bool)  # up, and its sample collector works
 
     def repaired(self, host: int, replaced: bool = False) -> None:
         """What a completed repair clears on a host's GPUs: a GPU reset or reboot activates a pending row remap, ends
@@ -130,6 +133,8 @@ class GpuState:
         swing = diurnal(ts)
         self.present = fx.present.copy()
         self.host_up = fx.host_up.copy()
+        self.sampling = self.host_up.copy()
+        self.sampling[list(fx.monitor_errors)] = False
         surge = ~np.isnan(fx.power_target_w) & fx.present
         self.active = self.job_running(fx.present) | surge
         # Utilisation: per-job level plus AR(1) noise; idle GPUs read 0; a surging GPU runs flat out.

@@ -120,8 +120,23 @@ class SensorFlap(_Fault):
 
 
 class HostDown(_Fault):
+    """The host goes away: no samples, status records, XID lines or NCCL records until it is back (`duration`)."""
+
     kind: Literal["host_down"]
     takes_gpu: ClassVar[bool] = False
+    announced: bool = Field(default=False, description="the agent is stopped in order first (planned maintenance): "
+                                                       "its last status says 'stopping'; false = it just goes silent")
+    whole_rack: bool = Field(default=False, description="every host of the target's rack goes (a rack switch dies)")
+
+
+class MonitorBroken(_Fault):
+    """The host's sample collector fails (NVML answers Unknown Error): no samples, but the agent still publishes its
+    status, naming the failing collector; the GPUs and their job run on."""
+
+    kind: Literal["monitor_broken"]
+    takes_gpu: ClassVar[bool] = False
+    error: str = Field(default="NVMLError_Unknown: Unknown Error", min_length=1, max_length=512,
+                       description="the error the status names for the nvml collector")
 
 
 class JobCrash(_Fault):
@@ -138,11 +153,13 @@ class PowerSurge(_Fault):
 
 FaultSpec = Annotated[
     Union[XidFault, ThermalRunaway, PowerCap, SlowRank, EccDbe, RowRemapFailure, NvlinkCrc, PcieReplay, GpuLost,
-          Congestion, SensorFlap, HostDown, JobCrash, PowerSurge],
+          Congestion, SensorFlap, HostDown, JobCrash, PowerSurge, MonitorBroken],
     Field(discriminator="kind"),
 ]
 FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultSpec)
 KINDS = ("xid", "thermal_runaway", "power_cap", "slow_rank", "ecc_dbe", "row_remap_failure", "nvlink_crc",
-         "pcie_replay", "gpu_lost", "congestion", "sensor_flap", "host_down", "job_crash", "power_surge")
-HOST_WIDE = frozenset({"congestion", "host_down", "job_crash", "power_surge"})  # generated ones get no random GPU
+         "pcie_replay", "gpu_lost", "congestion", "sensor_flap", "host_down", "job_crash", "power_surge",
+         "monitor_broken")
+# generated ones get no random GPU
+HOST_WIDE = frozenset({"congestion", "host_down", "job_crash", "power_surge", "monitor_broken"})
 NEEDS_JOB = frozenset({"slow_rank", "job_crash"})  # only hosts that run a job can take these

@@ -24,18 +24,20 @@ from agents.simulator.gpu_state import GpuState
 from agents.simulator.nccl import NcclModel
 from agents.simulator.samples import host_samples
 from agents.simulator.scenario import Scenario, load_scenario
+from agents.simulator.status import STATUS_EVERY_S, AgentStatuses
 from core.errors import BrokerError, ConfigError, DecodeError
 from schemas.provision import ensure_topics
 from core.settings import CommonSettings
 from schemas.analytics import InjectedFault
 from schemas.events import timings_of
 from schemas.codec import decode
-from schemas.topics import NCCL, REMEDIATION, SAMPLES, TRUTH, XID
+from schemas.topics import AGENT, NCCL, REMEDIATION, SAMPLES, TRUTH, XID
 
 
 @dataclass
 class Tick:
-    """Everything one interval produces: a sample per host, and the XID, NCCL and truth records due in it."""
+    """Everything one interval produces: a sample per host, and the XID, NCCL, agent status and truth records due
+    in it."""
 
     index: int
     ts: float
@@ -43,6 +45,7 @@ class Tick:
     xid: list[dict] = field(default_factory=list)
     nccl: list[dict] = field(default_factory=list)  # NcclStep dicts: one per host and collective
     truth: list[dict] = field(default_factory=list)
+    agent: list[dict] = field(default_factory=list)  # AgentStatus dicts of the hosts whose agent speaks now
 
     @property
     def timings(self) -> list[dict]:
@@ -54,7 +57,9 @@ class FleetSimulator:
     """A seeded, deterministic fleet: `step()` builds the next tick without touching Kafka.
 
     Streams of randomness are split per concern, so e.g. changing the NCCL cadence leaves the telemetry as it was.
-    `nccl_interval` is the simulated seconds between one rank's collective records (0 = no NCCL records).
+    `nccl_interval` is the simulated seconds between one rank's collective records (0 = no NCCL records);
+    `status_interval` between one host agent's periodic status records (0 = no status records; agents/simulator/
+    status.py: one at start, on every change, every tick while a collector fails, a goodbye on an orderly stop).
     The scenario's fleet block lays out the jobs and racks, and gives the host count when `hosts` is None; its
     generate blocks are drawn here, from `seed`, so `self.scenario` holds every fault the run injects.
     """
@@ -62,11 +67,13 @@ class FleetSimulator:
     def __init__(self, hosts: int | None = None, *, seed: int = 0,
                  scenario: str | Path | dict | Scenario | None = None, interval: float = 1.0,
                  start_ts: float | None = None, cluster: str = "sim", gpu_model: str = "H100",
-                 nccl_interval: float = 1.0, run_id: str | None = None):
+                 nccl_interval: float = 1.0, run_id: str | None = None, status_interval: float = STATUS_EVERY_S):
         if interval <= 0:
             raise ValueError("interval must be > 0")
         if nccl_interval < 0:
             raise ValueError("nccl_interval must be >= 0")
+        if status_interval < 0:
+            raise ValueError("status_interval must be >= 0")
         scenario = load_scenario(scenario)
         hosts = scenario.plan(hosts=hosts).hosts
         self.seed, self.interval, self.nccl_interval = seed, interval, nccl_interval
@@ -84,6 +91,8 @@ class FleetSimulator:
         self.nccl = NcclModel(self.fleet, nccl_rng)
         self.faults = FaultInjector(self.fleet, self.scenario, self.state, fault_rng,
                                     run_id=self.run_id, start_ts=self.start_ts, nccl=nccl_interval > 0)
+        self.statuses = AgentStatuses(self.fleet, status_interval) if status_interval > 0 else None
+        self._host_index = {h: i for i, h in enumerate(self.fleet.hosts)}
         self.index = 0
         self._next_collective = 0  # index of the next collective step (at nccl_interval * index)
 
@@ -97,7 +106,11 @@ class FleetSimulator:
         ts = self.start_ts + t_now
         effects, xid_events, truth = self.faults.apply(t_now - dt, t_now)
         self.state.advance(dt, ts, effects)
+        if not effects.host_up.all():  # a host that is down logs nothing anyone reads
+            xid_events = [e for e in xid_events if effects.host_up[self._host_index[e["host"]]]]
         tick = Tick(k, ts, host_samples(self.fleet, self.state, ts=ts, seq=k), xid_events, [], truth)
+        if self.statuses is not None:
+            tick.agent = self.statuses.records(t_now, ts, effects)
         if self.nccl_interval > 0:
             slowdown = self.state.step_time_factor() * effects.compute_factor
             running = self.state.active & ~effects.nccl_stopped
@@ -109,8 +122,11 @@ class FleetSimulator:
         return tick
 
     def repaired(self, host: str, action: str) -> None:
-        """A remediation bot finished a repair (or replacement) of `host`: its GPUs show it from the next tick on."""
-        self.state.repaired(self.fleet.hosts.index(host), replaced=action == "replace")
+        """A remediation bot finished a repair (or replacement) of `host`: its GPUs show it from the next tick on, and
+        a host that was down for good is back (its agent starts: a running status at once)."""
+        h = self._host_index[host]
+        self.state.repaired(h, replaced=action == "replace")
+        self.faults.repaired(h)
 
 
 def build_tick(hosts: int, *, seed: int = 0, ts: float = 1_700_000_000.0, **kwargs) -> Tick:
@@ -150,7 +166,8 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                    nccl_interval: float | None = None, cluster: str = "sim",
                    on_tick: Callable[[Tick, Publisher], None] | None = None,
                    per_rank_nccl: bool = False, follow_repairs: bool = False) -> SimulationReport:
-    """Publish round(duration / interval) ticks: one HostSample per host per tick, plus XID, NCCL and truth records.
+    """Publish round(duration / interval) ticks: one HostSample per host per tick, plus XID, NCCL, agent status and
+    truth records.
 
     NCCL goes out as one NcclStep per host and collective; per_rank_nccl publishes the older one-record-per-rank
     NcclTiming form instead (what agents before it sent, and what an older worker reads: bench --baseline).
@@ -202,6 +219,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                 tick = sim.step()
                 await pub.send_many(TRUTH, tick.truth)
                 await pub.send_many(XID, tick.xid)
+                await pub.send_many(AGENT, tick.agent)
                 await pub.send_many(SAMPLES, tick.samples)
                 await pub.send_many(NCCL, tick.timings if per_rank_nccl else tick.nccl)
                 truth.extend(tick.truth)
@@ -215,7 +233,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                 if on_tick is not None:
                     on_tick(tick, pub)
             await pub.flush()
-            sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, TRUTH)}
+            sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, AGENT, TRUTH)}
     finally:
         if repairs is not None:
             await repairs.stop()
@@ -223,7 +241,8 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
         run_id=sim.run_id, scenario=sim.scenario.name, seed=seed, hosts=hosts, gpus=sim.fleet.n_gpus,
         interval=interval, ticks=done, start_ts=sim.start_ts, end_ts=sim.start_ts + max(done - 1, 0) * interval,
         wall_s=round(time.monotonic() - wall0, 3), stopped_early=done < ticks, topic_prefix=settings.topic_prefix,
-        sent=sent, gpu_readings=gpu_readings, nccl_timings=nccl_timings, truth=[InjectedFault.model_validate(t) for t in truth],
+        sent=sent, gpu_readings=gpu_readings, nccl_timings=nccl_timings,
+        truth=[InjectedFault.model_validate(t) for t in truth],
     )
 
 

@@ -70,12 +70,13 @@ def gpu_readings(fleet: Fleet, state: GpuState) -> list[dict]:
 
 
 def host_samples(fleet: Fleet, state: GpuState, *, ts: float, seq: int) -> list[dict]:
-    """One HostSample dict per host at `ts`; a lost GPU is absent from its host's list, a down host sends none."""
+    """One HostSample dict per host at `ts`; a lost GPU is absent from its host's list; a host that is down, or whose
+    sample collector fails, sends none."""
     readings = gpu_readings(fleet, state)
     missing = set(np.flatnonzero(~state.present) // GPUS_PER_HOST)
     out = []
     for h, name in enumerate(fleet.hosts):
-        if not state.host_up[h]:
+        if not state.sampling[h]:
             continue
         gpus = readings[h * GPUS_PER_HOST:(h + 1) * GPUS_PER_HOST]
         if h in missing:

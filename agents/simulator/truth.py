@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agents.simulator import xid
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
 from agents.simulator.kinds import COMMON_FIELDS
 
-# Tokens per kind (README "Ground truth"). Kinds with [] show nothing a current detector looks for: a slow link,
-# a crashed job and a silent host leave no GPU signal, and only the scenario knows a rack's power budget.
+# Tokens per kind (README "Ground truth"). Kinds with [] show nothing a current detector looks for: a slow link
+# leaves no GPU signal, and only the scenario knows a rack's power budget. host_down is a host that goes silent with no
+# goodbye (the silence stage's host_silent fault, drained for a reboot); an announced one (its agent said 'stopping'),
+# a whole rack (one alert for the rack) and a short one are in expected_tokens; a job stall in stalls_job.
 EXPECTED = {
     "thermal_runaway": ["alert:thermal", "throttle:hw_thermal"],
     "power_cap": ["throttle:sw_power_cap"],
@@ -19,24 +23,68 @@ EXPECTED = {
     "gpu_lost": ["fault:gpu_lost", "fault:xid:79", "bin:reboot", "drain"],
     "congestion": [],
     "sensor_flap": [],  # + alert:thermal when the high reading reaches the GPU's max operating temperature
-    "host_down": [],
-    "job_crash": [],
+    "host_down": ["fault:host_silent", "bin:reboot", "drain"],
+    "job_crash": [],  # + alert:JobStalled when the run publishes NCCL records (stalls_job)
     "power_surge": [],
+    "monitor_broken": ["alert:MonitorBroken"],
 }
+RACK_DOWN = ["alert:RackSilent"]  # a whole rack silent at once: one alert for the rack, no host fault, no drain
+JOB_STALLED = "alert:JobStalled"
+# A silence or a stall shorter than this clears before the silence stage's thresholds by design (streams/silence/
+# rules.py SilenceConfig: a host silent_after_s 60 + group_wait_s 30 behind a fleet clock up to a sample interval
+# late; a job's collectives stall_after_s 120): such a host_down, whole rack or stopped job expects nothing.
+SILENCE_MIN_S = 150.0
 SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler...
 # ...when they last long enough to be one: 3 of 5 straggler windows of 30 s (streams/stragglers/scoring.py) plus the
 # window that closes the third; slowness that clears sooner is transient by design and must raise nothing.
 STRAGGLER_MIN_S = 120.0
-NOT_HARDWARE = {"congestion", "job_crash", "power_surge"}  # a busy link, a crashed process, a heavy load
+# A busy link, a crashed process, a heavy load, a failing monitoring library; an announced host_down (maintenance)
+# is not hardware either (expected_tokens).
+NOT_HARDWARE = {"congestion", "job_crash", "power_surge", "monitor_broken"}
 # Bins that take the node out of service: the GPU needs a reset, a reboot, a person or a new part.
 DRAIN_BINS = {"reset", "reboot", "inspect", "replace"}
 
 
-def expected_tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
+def truth_kind(spec) -> str:
+    """The truth's kind: the fault kind, `xid<code>` for an XID, `rack_down` for a whole rack's host_down."""
+    if spec.kind == "xid":
+        return f"xid{spec.code}"
+    if spec.kind == "host_down" and spec.whole_rack:
+        return "rack_down"
+    return spec.kind
+
+
+def lasts(spec, seconds: float) -> bool:
+    return spec.duration is None or spec.duration >= seconds
+
+
+def stalls_job(spec, fleet: Fleet, job: str | None, down: Sequence[int] = ()) -> bool:
+    """The fault stops its job's NCCL records for SILENCE_MIN_S or more while some host of the job still reports
+    samples naming it: a crashed or hung job (job_crash, an XID with crash_job), a GPU fallen off the bus (its host
+    reports on), or hosts that go down (`down`: one, or a whole rack) while others of the job report on."""
+    if job is None or not lasts(spec, SILENCE_MIN_S):
+        return False
+    if spec.kind in ("job_crash", "gpu_lost") or (spec.kind == "xid" and spec.crash_job):
+        return True
+    if spec.kind == "host_down":
+        hosts = next(j.hosts for j in fleet.jobs if j.name == job)
+        return not set(hosts) <= set(down)
+    return False
+
+
+def expected_tokens(spec, fleet: Fleet, ranked: bool, stalled: bool = False) -> tuple[list[str], bool]:
     """(expected tokens, hardware) the kind and its parameters imply, before the scenario's overrides.
 
     `ranked`: the GPU runs a job and the run publishes NCCL records, without which no straggler can be seen.
+    `stalled`: the fault stops a job's NCCL records while its hosts report on (stalls_job), in a run with NCCL.
     """
+    tokens, hardware = _tokens(spec, fleet, ranked)
+    if stalled:
+        tokens.append(JOB_STALLED)
+    return tokens, hardware
+
+
+def _tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
     if spec.kind == "xid":
         tokens, bin_ = [f"fault:xid:{spec.code}"], xid.EXPECTED_BIN.get(spec.code)
         if bin_ is not None:
@@ -44,6 +92,11 @@ def expected_tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
         if bin_ in DRAIN_BINS:
             tokens.append("drain")
         return tokens, spec.code not in xid.SOFTWARE_CODES
+    if spec.kind == "host_down" and (spec.announced or spec.whole_rack or not lasts(spec, SILENCE_MIN_S)):
+        # an agent stopped in order said goodbye (planned work: nothing to detect, not hardware); a whole rack is
+        # one rack alert (its switch, not its hosts: nothing to drain); a short outage clears before it is silence
+        alert = spec.whole_rack and not spec.announced and lasts(spec, SILENCE_MIN_S)
+        return (list(RACK_DOWN) if alert else []), not spec.announced
     tokens = [t for t in EXPECTED[spec.kind] if ranked or t != "straggler"]
     if spec.kind in SLOWS_RANK and ranked and (spec.duration is None or spec.duration >= STRAGGLER_MIN_S):
         tokens.append("straggler")
@@ -53,14 +106,18 @@ def expected_tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
 
 
 def truth_record(*, run_id: str, number: int, spec, fleet: Fleet, host: int, gpus, job: str | None,
-                 rank: int | None, start_ts: float, nccl: bool) -> dict:
-    """The InjectedFault dict (schemas/analytics.py) of injection `number`; `nccl`: the run publishes NCCL records."""
-    expected, hardware = expected_tokens(spec, fleet, nccl and job is not None)
+                 rank: int | None, start_ts: float, nccl: bool, part: int | None = None,
+                 down: Sequence[int] = ()) -> dict:
+    """The InjectedFault dict (schemas/analytics.py) of injection `number`; `nccl`: the run publishes NCCL records.
+    `part`: the host's place in a whole rack's injection, which has one record per host (fault id `<id>.<part>`);
+    `down`: the hosts a host_down takes away (the target, or its whole rack)."""
+    ranked = nccl and job is not None
+    expected, hardware = expected_tokens(spec, fleet, ranked, stalled=nccl and stalls_job(spec, fleet, job, down))
     params = {k: float(v) for k, v in spec.model_dump(exclude=COMMON_FIELDS).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {
-        "run_id": run_id, "fault_id": f"{run_id}-{number:03d}",
-        "kind": f"xid{spec.code}" if spec.kind == "xid" else spec.kind, "cause": spec.cause,
+        "run_id": run_id, "fault_id": f"{run_id}-{number:03d}" + ("" if part is None else f".{part:03d}"),
+        "kind": truth_kind(spec), "cause": spec.cause,
         "host": fleet.hosts[host], "rack": fleet.racks[host],
         "gpu_index": int(gpus[0] % GPUS_PER_HOST) if len(gpus) == 1 else None,
         "job": job, "rank": rank, "ts": start_ts + spec.at,

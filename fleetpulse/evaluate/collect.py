@@ -21,8 +21,8 @@ QUERIES = {
     "faults": "SELECT fault_id, host, gpu_index, code, bin, rule, count, toFloat64(first_ts) AS first_ts, "
               "toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts FROM faults",
     "alerts": "SELECT alertname, fingerprint, status, host, rack, gpu_index, toFloat64(starts_at) AS starts_at, "
-              "toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts, labels['incident'] != '' AS condition "
-              "FROM alerts",
+              "toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts, labels['incident'] != '' AS condition, "
+              "labels['job'] AS job FROM alerts",
     "stragglers": "SELECT job, rank, host, gpu_index, flagged, slowdown_pct, z, toFloat64(ts) AS ts, "
                   "toFloat64(kafka_ts) AS kafka_ts FROM stragglers WHERE flagged",
     "drains": "SELECT event_id, host, action, reason, toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts "
@@ -31,8 +31,8 @@ QUERIES = {
     "xid": "SELECT host, gpu_index, code, toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts FROM xid_events",
     "usable_compute": "SELECT toFloat64(minute_ts) AS minute_ts, nodes, usable_compute, breakdown FROM usable_compute",
 }
-COUNTS = ("gpu_samples", "xid_events", "nccl_timings", "sim_truth", "health_scores", "faults", "stragglers",
-          "alerts", "node_states", "drain_events", "remediation_results", "usable_compute")
+COUNTS = ("gpu_samples", "xid_events", "nccl_timings", "agent_status", "sim_truth", "health_scores", "faults",
+          "stragglers", "alerts", "node_states", "drain_events", "remediation_results", "usable_compute")
 
 
 def rows(settings: SinkSettings) -> dict[str, list[dict]]:
@@ -98,6 +98,7 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
             "samples_gpu_rows": {"sent": sim["gpu_readings"], "stored": counts.get("gpu_samples")},
             "xid_lines": {"sent": sent.get("fleet.telemetry.xid", 0), "stored": counts.get("xid_events")},
             "nccl_timings": {"sent": sim["nccl_timings"], "stored": counts.get("nccl_timings")},
+            "agent_status": {"sent": sent.get("fleet.telemetry.agent", 0), "stored": counts.get("agent_status")},
             "truth": {"sent": len(sim["truth"]), "stored": counts.get("sim_truth")},
             "dead_letters": {t: st.dead_letters for t, st in sink.stats.tables.items() if st.dead_letters},
             # at-least-once: a worker that dies re-emits what it had not committed, under the same stable id

@@ -11,7 +11,11 @@ from core.errors import ConfigError
 from fleetpulse.evaluate.bot import bot_config
 from fleetpulse.evaluate.runner import Plan
 
-PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker")
+PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker", "silence")
+# What every evaluation sets unless its scenario says otherwise. Flat out, simulated time runs 20-50x faster than the
+# wall clock, and the silence stage's wall-clock wait (against spools replaying after an outage, which the
+# simulator's agents never do) would hold each judgement for minutes of simulated time: 1 s here.
+PIPELINE_DEFAULTS = {"silence": {"wall_wait_s": 1.0}}
 
 
 def apply_override(doc: dict, assignment: str) -> None:
@@ -60,6 +64,7 @@ def pipeline_env(pipeline: dict[str, dict]) -> dict[str, str]:
     from streams.settings import StreamsSettings
 
     env = {}
+    pipeline = {**PIPELINE_DEFAULTS, **{k: {**PIPELINE_DEFAULTS.get(k, {}), **v} for k, v in pipeline.items()}}
     for name, value in pipeline.items():
         field = StreamsSettings.model_fields.get(name)
         if name not in PIPELINE_FIELDS or field is None:

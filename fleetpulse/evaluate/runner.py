@@ -38,7 +38,7 @@ from core.settings import CommonSettings, load
 from fleetpulse.stack import Child
 from schemas.codec import decode
 from schemas.tables import TABLE_BY_TOPIC
-from schemas.topics import DRAIN, NCCL, REMEDIATION, SAMPLES, TOPICS, TRUTH, XID
+from schemas.topics import AGENT, DRAIN, NCCL, REMEDIATION, SAMPLES, TOPICS, TRUTH, XID
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
@@ -184,6 +184,7 @@ class Evaluation:
                 else:  # flat out: the tick's injections and XID lines go out just before its samples
                     await pub.send_many(TRUTH, tick.truth)
                     await pub.send_many(XID, tick.xid)
+                await pub.send_many(AGENT, tick.agent)
                 await pub.send_many(SAMPLES, tick.samples)
                 await pub.send_many(NCCL, tick.nccl)
                 for result in self.bot.due(tick.ts):
@@ -196,7 +197,7 @@ class Evaluation:
                 stats["gpu_readings"] += sum(len(x["gpus"]) for x in tick.samples)
                 stats["nccl_timings"] += sum(len(x["ranks"]) for x in tick.nccl)
                 stats["end_ts"] = tick.ts
-                stats["lag_limit"] = p.lag_limit(len(tick.samples) + len(tick.xid) + len(tick.nccl))
+                stats["lag_limit"] = p.lag_limit(len(tick.samples) + len(tick.xid) + len(tick.nccl) + len(tick.agent))
                 lag = await self._hold(watch, stream_inputs, stats)
                 self.progress.say(f"t={tick.ts - sim.start_ts:.0f}/{p.duration_s:g} s simulated, "
                                   f"{len(stats['truth'])} faults injected, worker {lag} records behind, "

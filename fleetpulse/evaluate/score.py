@@ -2,7 +2,9 @@
 
 Each injected fault (a `sim_truth` row) names the signals a detector should raise in `expected`. A signal matches
 a truth when it is on the same host (and GPU, or job and rank, where the truth names one) and starts within the
-truth's window: from its injection (less `early_s`) to its end (or the run's end) plus `grace_s`. From the matches:
+truth's window: from its injection (less `early_s`) to its end (or the run's end) plus `grace_s`. A rack's alerts
+(power, RackSilent) match by rack, a job's stall (JobStalled) by job, a fleet-wide silence (FleetSilent) any truth.
+From the matches:
 
 - recall per fault kind: injected faults with at least one detection token (`fault:*`, `alert:*`, `straggler`)
   that got a matching signal, over those that have such a token (the rest are reported as not observable);
@@ -10,8 +12,9 @@ truth's window: from its injection (less `early_s`) to its end (or the run's end
   signals in the run (an unmatched signal is a false positive);
 - detection latency from injection to the first matching signal, in simulated seconds (event time) and in wall
   seconds (Kafka timestamps: publish of the injection -> publish of the signal);
-- drains: expected (`drain` token) vs drain requests on the host within the window; a drain request no hardware
-  fault expecting it explains is a false drain.
+- drains: expected (`drain` token) vs drain requests on the host within the window; a drain request no fault
+  expecting it explains is a false drain, and a fault expecting none whose host got one (a whole rack's silence, an
+  announced maintenance, a broken monitor) is counted as drained without cause.
 
 Rows are dicts with the table's columns; times are epoch seconds (floats), `kafka_ts` included.
 """
@@ -28,6 +31,16 @@ import numpy as np
 THERMAL_ALERTS = frozenset({"GpuTempHigh", "GpuTempSlowdown", "GpuTempNearShutdown", "GpuHwThermalSlowdown",
                             "GpuSwThermalSlowdown", "GpuHwSlowdown"})
 RACK_ALERTS = frozenset({"RackPowerOverBudget"})
+# Tokens of signals about a rack, a job or the whole fleet rather than a host (streams/silence: host "" on each).
+RACK_TOKENS = frozenset({"alert:rack_power", "alert:RackSilent"})
+JOB_TOKENS = frozenset({"alert:JobStalled"})
+FLEET_TOKENS = frozenset({"alert:FleetSilent"})
+# The silence stage's outputs (streams/silence/) date what they saw from the last sign of life (first_ts, starts_at:
+# the host's last record, the job's last collective), up to an interval before the fault began; they are matched and
+# timed by when the stage decided (the record's ts), so a silence is found within its truth's window and its latency
+# is the time it took to be called one.
+SILENCE_FAULTS = frozenset({"host_silent"})
+SILENCE_ALERTS = frozenset({"RackSilent", "FleetSilent", "MonitorBroken", "JobStalled"})
 BREAKER_ALERT = "FleetDrainBreakerOpen"
 # One per GPU, and one per rack, over its conditions (streams/power_thermal/rules.py): the pages.
 INCIDENT_ALERTS = frozenset({"GpuIncident", "RackIncident"})
@@ -94,18 +107,23 @@ def quantiles(values: Sequence[float]) -> dict[str, float | int | None]:
 
 def signals(faults: Iterable[Mapping], alerts: Iterable[Mapping], stragglers: Iterable[Mapping],
             drains: Iterable[Mapping]) -> list[Signal]:
-    """Every detection as a Signal: fault events by code, firing alerts by class, flagged ranks, drain requests."""
+    """Every detection as a Signal: fault events by code, firing alerts by class, flagged ranks, drain requests.
+    An alert's job is its `job` column or labels["job"] (a job's alert: JobStalled). A fault or alert is dated when
+    it began (first_ts, starts_at), the silence stage's when it was decided (ts: SILENCE_FAULTS, SILENCE_ALERTS)."""
     out: list[Signal] = []
     for f in faults:
-        out.append(Signal(f"fault:{f['code']}", f["host"], float(f["first_ts"]), float(f["kafka_ts"]),
+        ts = f["ts"] if f["code"] in SILENCE_FAULTS else f["first_ts"]
+        out.append(Signal(f"fault:{f['code']}", f["host"], float(ts), float(f["kafka_ts"]),
                           f.get("gpu_index"), ident=f"{f['fault_id']} bin={f['bin']}"))
     for a in alerts:
         if a["status"] != "firing" or a["alertname"] in INCIDENT_ALERTS:  # an incident pages its conditions' signals
             continue
         token = "alert:thermal" if a["alertname"] in THERMAL_ALERTS else \
             "alert:rack_power" if a["alertname"] in RACK_ALERTS else f"alert:{a['alertname']}"
-        out.append(Signal(token, a.get("host") or "", float(a["starts_at"]), float(a["kafka_ts"]), a.get("gpu_index"),
-                          rack=a.get("rack") or "", ident=f"{a['alertname']}/{a['fingerprint']}"))
+        job = a.get("job") or (a.get("labels") or {}).get("job") or None
+        ts = a["ts"] if a["alertname"] in SILENCE_ALERTS else a["starts_at"]
+        out.append(Signal(token, a.get("host") or "", float(ts), float(a["kafka_ts"]), a.get("gpu_index"),
+                          job=job, rack=a.get("rack") or "", ident=f"{a['alertname']}/{a['fingerprint']}"))
     seen: set[tuple] = set()
     for s in sorted(stragglers, key=lambda r: r["ts"]):
         if s["flagged"] and (s["job"], s["rank"]) not in seen:  # the first flag of each rank is the detection
@@ -124,9 +142,14 @@ def _window(t: Mapping, run: Run, w: Windows) -> tuple[float, float]:
 
 
 def _fits(sig: Signal, t: Mapping) -> bool:
-    """Same place: the rack for rack alerts, the job and rank for stragglers, else the host (and GPU if named)."""
-    if sig.token == "alert:rack_power":
-        return sig.rack == t.get("rack")
+    """Same place: the rack for rack alerts, the job for a job's stall, the job and rank for stragglers, anywhere for a
+    fleet's alert, else the host (and GPU if named)."""
+    if sig.token in RACK_TOKENS:
+        return bool(sig.rack) and sig.rack == t.get("rack")
+    if sig.token in JOB_TOKENS:
+        return sig.job is not None and sig.job == t.get("job")
+    if sig.token in FLEET_TOKENS:
+        return True
     if sig.token == "straggler" and t.get("job") is not None and t.get("rank") is not None:
         return sig.job == t["job"] and sig.rank == t["rank"]
     if sig.host != t["host"]:
@@ -205,7 +228,9 @@ def per_kind(outcomes: Sequence[Outcome], sigs: Sequence[Signal], injected_at: M
 
 def drains(outcomes: Sequence[Outcome], sigs: Sequence[Signal], truth: Sequence[Mapping], run: Run,
            w: Windows = Windows()) -> dict:
-    """Every drain request judged: explained by a hardware fault expecting a drain, or false (and whose)."""
+    """Every drain request judged: explained by a fault expecting a drain, or false (and whose). Faults that expect
+    no drain (software ones, and any other: a whole rack's silence, an announced maintenance, a broken monitor) and
+    whose host got a false drain within their window are counted, per kind."""
     requests = [s for s in sigs if s.token == "drain"]
     false = [s for s in requests if not s.matched]
     software = [t for t in truth if not t["hardware"]]
@@ -214,6 +239,12 @@ def drains(outcomes: Sequence[Outcome], sigs: Sequence[Signal], truth: Sequence[
         lo, hi = _window(t, run, w)
         if any(s.host == t["host"] and lo <= s.ts <= hi for s in false):
             sw_drained.add(t["fault_id"])
+    no_drain = [t for t in truth if "drain" not in t["expected"]]
+    drained_anyway: dict[str, int] = defaultdict(int)
+    for t in no_drain:  # a drain on the host of a fault that expects none, while no other fault explains it
+        lo, hi = _window(t, run, w)
+        if any(s.host == t["host"] and lo <= s.ts <= hi for s in false):
+            drained_anyway[t["kind"]] += 1
     hw = [o for o in outcomes if o.truth["hardware"] and "drain" in o.truth["expected"]]
     return {
         "requested": len(requests), "hosts": len({s.host for s in requests}),
@@ -222,6 +253,8 @@ def drains(outcomes: Sequence[Outcome], sigs: Sequence[Signal], truth: Sequence[
         "hardware_expected": len(hw), "hardware_drained": sum(o.drain is not None for o in hw),
         "software_faults": len(software), "software_drained": len(sw_drained),
         "software_false_drain_rate": round(len(sw_drained) / len(software), 4) if software else None,
+        "no_drain_faults": len(no_drain), "no_drain_drained": sum(drained_anyway.values()),
+        "no_drain_drained_by_kind": dict(sorted(drained_anyway.items())),
     }
 
 

@@ -76,6 +76,8 @@ def test_host_down_silences_the_host_and_crashes_its_job_only():
     assert all(seqs(ticks, "job-0001"))
     assert all(g["gpu_util_pct"] == 0 for g in ticks[15].samples[0]["gpus"])  # its job crashed
     (truth,) = ticks[10].truth
+    # 10 s of silence clears before the silence stage calls it silence: nothing to expect (the shapes that expect
+    # something: test_sim_agent_status.py)
     assert (truth["kind"], truth["hardware"], truth["expected"], truth["gpu_index"]) == ("host_down", True, [], None)
 
 
@@ -86,10 +88,17 @@ def test_job_crash_stops_nccl_records_and_nothing_else():
     assert seqs(ticks, "job-0000") == seqs(quiet, "job-0000")
     assert [t.samples for t in ticks] == [t.samples for t in quiet] and not any(t.xid for t in ticks)
     (truth,) = ticks[10].truth
+    # 10 s without collectives is no stall yet (the silence stage waits 2 minutes): nothing to expect
     assert (truth["job"], truth["host"], truth["hardware"], truth["expected"]) == ("job-0001", "gpu-node-0002",
                                                                                    False, [])
+    # the scheduler still holds the hung job's hosts: their samples name it throughout
+    assert {s["job"] for t in ticks[10:20] for s in t.samples[2:]} == {"job-0001"}
     by_host = run(sim_with([{"kind": "job_crash", "at": 0, "host": 1}]), 3)
     assert seqs(by_host, "job-0000") == [0, 0, 0] and by_host[0].truth[0]["job"] == "job-0000"
+    assert by_host[0].truth[0]["expected"] == ["alert:JobStalled"]  # until the run ends: a stall
+    # without NCCL records nothing can see the job stop
+    (quiet_truth,) = run(sim_with([{"kind": "job_crash", "at": 0, "job": 1}], nccl_interval=0), 1)[0].truth
+    assert quiet_truth["expected"] == []
 
 
 def test_power_surge_runs_the_gpus_flat_out_at_the_held_power():
@@ -113,7 +122,7 @@ def test_xid_crash_job_stops_the_gpus_job_for_the_faults_duration():
     assert all(seqs(ticks, "job-0001"))
     assert [e["code"] for e in ticks[10].xid] == [13]
     (truth,) = ticks[10].truth
-    assert truth["hardware"] is False and truth["expected"] == ["fault:xid:13", "bin:retry"]
+    assert truth["hardware"] is False and truth["expected"] == ["fault:xid:13", "bin:retry"]  # too short to stall
 
 
 @pytest.mark.parametrize("code", sorted(EXPECTED_BIN))

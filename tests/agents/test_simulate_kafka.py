@@ -13,7 +13,8 @@ from agents.simulator import simulate
 from core.settings import CommonSettings, load
 from schemas.analytics import InjectedFault
 from schemas.telemetry import HostSample
-from schemas.topics import NCCL, SAMPLES, TRUTH, XID
+from schemas.events import AgentStatus
+from schemas.topics import AGENT, NCCL, SAMPLES, TRUTH, XID
 from tests.agents.test_publisher import consume_all
 
 pytestmark = pytest.mark.integration
@@ -27,8 +28,9 @@ async def test_simulate_publishes_exactly_one_sample_per_host_per_tick(settings_
     report = await simulate(settings, hosts=5, duration=10, speed=0, seed=11, scenario=scenario,
                             start_ts=1_700_000_000.0)
     assert report.ticks == 10 and report.gpus == 40 and not report.stopped_early
-    assert report.sent == {"fleet.telemetry.samples": 50, "fleet.telemetry.xid": 2,
-                           "fleet.telemetry.nccl": 7 * 5, "fleet.sim.truth": 1}  # one step record per host
+    assert report.sent == {"fleet.telemetry.samples": 50, "fleet.telemetry.xid": 2,  # one step record per host:
+                           "fleet.telemetry.nccl": 7 * 5, "fleet.sim.truth": 1,
+                           "fleet.telemetry.agent": 5}  # each agent's status at start (the next is due at 60 s)
     assert report.nccl_timings == 7 * 40  # the job's collectives stop while a GPU is lost
     assert report.gpu_readings == 50 * 8 - 3  # GPU 2 of host 1 is absent from 3 samples
     samples = await consume_all(settings, SAMPLES, 50)
@@ -42,6 +44,9 @@ async def test_simulate_publishes_exactly_one_sample_per_host_per_tick(settings_
     assert seqs == {f"gpu-node-{h:04d}": list(range(10)) for h in range(5)}
     for topic, n in ((XID, 2), (NCCL, 35), (TRUTH, 1)):
         assert len(await consume_all(settings, topic, n)) == n, topic.name
+    statuses = await consume_all(settings, AGENT, 5)
+    assert sorted(r.key for r in statuses) == [f"gpu-node-{h:04d}".encode() for h in range(5)]
+    assert all(AgentStatus.model_validate_json(r.value, strict=True).source == "simulator" for r in statuses)
     (truth,) = await consume_all(settings, TRUTH, 1)
     assert InjectedFault.model_validate_json(truth.value) == report.truth[0]
     assert report.truth[0].kind == "gpu_lost" and report.truth[0].ts == 1_700_000_004.0

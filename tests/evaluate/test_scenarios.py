@@ -174,3 +174,50 @@ async def test_a_repeat_offender_goes_to_replace_on_its_third_drain_and_stops_cy
 
 def _rows(settings: CommonSettings, sql: str) -> list[dict]:
     return orjson.loads(query(settings, f"{sql}\nFORMAT JSON"))["data"]
+
+
+async def test_host_silence_drains_the_dead_host_alerts_the_rack_once_and_leaves_maintenance_alone(settings_env):
+    r = await evaluate("host-silence")
+    landed_in_full(r)
+    assert r["accounting"]["agent_status"]["stored"] == r["accounting"]["agent_status"]["sent"] > 0
+    dead, rack = r["fault_kinds"]["host_down"], r["fault_kinds"]["rack_down"]
+    assert (dead["recall"], dead["precision"], rack["recall"], rack["precision"]) == (1.0, 1.0, 1.0, 1.0), r
+    d = r["drains"]
+    assert (d["requested"], d["false"], d["hardware_expected"], d["hardware_drained"]) == (1, 0, 1, 1), d
+    assert r["alerts"]["pages_by_name"] == {"RackSilent": 1}, r["alerts"]
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    faults = _rows(settings, "SELECT host, code, bin, reasons FROM faults WHERE code = 'host_silent'")
+    assert [(f["host"], f["bin"]) for f in faults] == [("gpu-node-0003", "reboot")], faults
+    assert "no goodbye" in faults[0]["reasons"][1]
+    drains = _rows(settings, "SELECT DISTINCT host FROM drain_events WHERE action = 'drain'")
+    assert drains == [{"host": "gpu-node-0003"}]  # not the maintained host, not the silent rack's
+    [alert] = _rows(settings, "SELECT rack, labels['hosts'] AS hosts FROM alerts WHERE alertname = 'RackSilent' "
+                              "AND status = 'firing'")
+    assert alert["rack"] == "rack-003" and len(alert["hosts"].split(",")) == 8, alert
+
+
+async def test_a_stalled_job_alerts_once_as_software_and_drains_nothing(settings_env):
+    r = await evaluate("job-stall")
+    landed_in_full(r)
+    k = r["fault_kinds"]["job_crash"]
+    assert (k["recall"], k["precision"]) == (1.0, 1.0), k
+    assert r["alerts"]["pages_by_name"] == {"JobStalled": 1} and r["drains"]["requested"] == 0, r
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    [stall] = _rows(settings, "SELECT labels['job'] AS job, labels['cause'] AS cause FROM alerts "
+                              "WHERE alertname = 'JobStalled' AND status = 'firing'")
+    assert stall == {"job": "job-0001", "cause": "software"}
+    assert _rows(settings, "SELECT count() AS n FROM faults")[0]["n"] in (0, "0")
+
+
+async def test_an_agent_whose_nvml_fails_is_a_broken_monitor_not_a_drain(settings_env):
+    r = await evaluate("broken-monitor")
+    landed_in_full(r)
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    alerts = _rows(settings, "SELECT ts, host, status, starts_at, summary FROM alerts ORDER BY ts")
+    k = r["fault_kinds"]["monitor_broken"]
+    assert (k["recall"], k["precision"]) == (1.0, 1.0), (k, alerts)
+    assert r["alerts"]["pages_by_name"] == {"MonitorBroken": 1} and r["drains"]["requested"] == 0, alerts
+    assert _rows(settings, "SELECT count() AS n FROM faults WHERE code = 'host_silent'")[0]["n"] in (0, "0")
+    failing = _rows(settings, "SELECT host, failing['nvml'] AS error FROM agent_status WHERE length(failing) > 0 "
+                              "LIMIT 1")
+    assert failing and failing[0]["host"] == "gpu-node-0002" and "NVML" in failing[0]["error"], failing

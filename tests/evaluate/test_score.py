@@ -16,9 +16,9 @@ def truth(fid, kind, host, ts, *, gpu=None, expected=(), hardware=True, end=None
             "expected": list(expected), "kafka_ts": 5000.0 + ts}
 
 
-def fault(host, gpu, code, ts, kafka_ts, bin_="reboot"):
+def fault(host, gpu, code, ts, kafka_ts, bin_="reboot", decided=None):
     return {"fault_id": f"{host}/{gpu}/{code}/{ts}", "host": host, "gpu_index": gpu, "code": code, "bin": bin_,
-            "first_ts": T0 + ts, "kafka_ts": kafka_ts}
+            "first_ts": T0 + ts, "ts": T0 + (ts if decided is None else decided), "kafka_ts": kafka_ts}
 
 
 def drain(host, ts, kafka_ts):
@@ -149,3 +149,82 @@ def test_usable_compute_truth_keeps_a_drained_host_out_for_its_repair_cycle():
     assert score.usable_compute(minutes, short, run)["truth_mean"] == pytest.approx((4 * 0.9 + 6 * 1.0) / 10)
     long = [truth("a", "gpu_lost", "h1", 0, gpu=0, end=400, expected=["bin:reboot", "drain"])]
     assert score.usable_compute(minutes, long, run)["truth_mean"] == pytest.approx((6 * 0.9 + 4 * 1.0) / 10)
+
+
+def alert(name, ts, *, host="", rack="", job=None, labels=None, status="firing", since=None):
+    """An alert row decided at `ts` about something that began at `since` (default: then)."""
+    row = {"alertname": name, "fingerprint": f"{name}/{host}/{rack}/{job}", "status": status, "host": host,
+           "rack": rack, "gpu_index": None, "starts_at": T0 + (ts if since is None else since), "ts": T0 + ts,
+           "kafka_ts": 1.0}
+    if labels is not None:
+        row["labels"] = labels
+    if job is not None:
+        row["job"] = job
+    return row
+
+
+def test_silence_signals_match_a_host_a_rack_or_a_job_and_extra_ones_are_false_positives():
+    """The silence stage's outputs (streams/silence): host_silent faults and MonitorBroken by host, RackSilent by rack
+    (one truth per host of the rack, all explained by the one alert), JobStalled by the job in its labels."""
+    rack = [truth(f"r.{i}", "rack_down", f"k{i}", 400, end=700, expected=["alert:RackSilent"], rack="rack-003")
+            for i in range(3)]
+    t = [truth("crash", "host_down", "h3", 120, expected=["fault:host_silent", "bin:reboot", "drain"]),
+         truth("nvml", "monitor_broken", "h2", 120, end=420, expected=["alert:MonitorBroken"], hardware=False),
+         truth("hang", "job_crash", "h4", 120, end=420, job="job-0001", expected=["alert:JobStalled"],
+               hardware=False),
+         *rack]
+    # dated from the last sign of life, before the fault began; matched and timed by when the stage decided
+    faults = [fault("h3", None, "host_silent", 115, 2.0, decided=210),
+              fault("k1", None, "host_silent", 395, 3.0, decided=520)]  # k1: a host of a silent rack
+    alerts = [alert("RackSilent", 500, rack="rack-003", since=395), alert("RackSilent", 510, rack="rack-001"),
+              alert("MonitorBroken", 200, host="h2"), alert("MonitorBroken", 200, host="h9"),
+              alert("JobStalled", 240, labels={"job": "job-0001"}, since=110), alert("JobStalled", 250, job="job-0000")]
+    sigs = score.signals(faults, alerts, [], [drain("h3", 211, 2.5)])
+    outcomes = score.match(t, sigs, RUN)
+    kinds = score.per_kind(outcomes, sigs, {o.truth["fault_id"]: 0.0 for o in outcomes})
+    assert [(kinds[k]["recall"], kinds[k]["precision"]) for k in ("host_down", "monitor_broken", "job_crash",
+                                                                   "rack_down")] == [(1.0, 0.5)] + [(1.0, 0.5)] * 3
+    assert kinds["rack_down"]["injected"] == 3 and kinds["rack_down"]["latency_sim_s"]["p50"] == 100.0
+    assert (kinds["host_down"]["latency_sim_s"]["p50"], kinds["job_crash"]["latency_sim_s"]["p50"]) == (90.0, 120.0)
+    assert kinds["host_down"]["drain"] == {**kinds["host_down"]["drain"], "expected": 1, "requested": 1}
+    by_id = {o.truth["fault_id"]: o for o in outcomes}
+    assert by_id["hang"].detected["alert:JobStalled"].job == "job-0001"
+    assert by_id["crash"].drain is not None and by_id["crash"].detected["fault:host_silent"].host == "h3"
+    d = score.drains(outcomes, sigs, t, RUN)
+    assert (d["hardware_expected"], d["hardware_drained"], d["true"], d["false"]) == (1, 1, 1, 0)
+
+
+def test_a_drain_where_none_is_expected_is_false_and_counted_per_kind():
+    """A rack's silence, an announced maintenance and a broken monitor expect no drain: one there is false."""
+    t = [truth("r.0", "rack_down", "k0", 400, end=700, expected=["alert:RackSilent"], rack="rack-003"),
+         truth("r.1", "rack_down", "k1", 400, end=700, expected=["alert:RackSilent"], rack="rack-003"),
+         truth("m", "host_down", "h12", 180, end=480, expected=[], hardware=False),
+         truth("crash", "host_down", "h3", 120, expected=["fault:host_silent", "bin:reboot", "drain"])]
+    sigs = score.signals([], [], [], [drain("k1", 450, 1.0), drain("h12", 200, 1.0), drain("h3", 300, 1.0)])
+    outcomes = score.match(t, sigs, RUN)
+    d = score.drains(outcomes, sigs, t, RUN)
+    assert (d["true"], d["false"], d["false_hosts"]) == (1, 2, ["h12", "k1"])
+    assert (d["no_drain_faults"], d["no_drain_drained"], d["no_drain_drained_by_kind"]) == (
+        3, 2, {"host_down": 1, "rack_down": 1})
+    assert (d["software_faults"], d["software_drained"]) == (1, 1)  # the maintenance is no hardware fault
+    assert (d["hardware_expected"], d["hardware_drained"]) == (1, 1)
+    hw = score.hardware_recall(outcomes)
+    assert (hw["hardware_faults"], hw["attributable"]) == (3, 3)  # a silent host is visible to the silence stage
+
+
+def test_a_fleet_alert_matches_any_fault_and_a_rack_alert_needs_its_rack():
+    t = [truth("a", "rack_down", "k0", 100, end=300, expected=["alert:RackSilent", "alert:FleetSilent"],
+               rack="rack-000")]
+    sigs = score.signals([], [alert("FleetSilent", 110), alert("RackSilent", 110, host="k0")], [], [])
+    (o,) = score.match(t, sigs, RUN)
+    assert set(o.detected) == {"alert:FleetSilent"}  # a rack alert without its rack matches no rack
+
+
+def test_a_silent_host_is_out_of_usable_compute_until_its_reboot_cycle_ends():
+    run = score.Run(start_ts=T0, end_ts=T0 + 600, hosts=10, gpus=80, out_s={"reboot": 250.0})
+    minutes = [{"minute_ts": T0 + 60 * m, "nodes": 10, "usable_compute": 1.0, "breakdown": {}} for m in range(10)]
+    down = [truth("a", "host_down", "h1", 0, expected=["fault:host_silent", "bin:reboot", "drain"]),
+            truth("m", "host_down", "h2", 0, end=300, expected=[], hardware=False)]
+    # h1 is out until its reboot cycle ends (the bot's repair brings a dead host back: FleetSimulator.repaired), 4 of
+    # the 10 minutes as at their ends; the maintained h2 is never out (no drain expected)
+    assert score.usable_compute(minutes, down, run)["truth_mean"] == pytest.approx((4 * 0.9 + 6 * 1.0) / 10)
