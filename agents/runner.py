@@ -178,15 +178,22 @@ class AgentRunner:
         else:
             self.status_sent += 1
 
+    def status_period_s(self) -> float:
+        """`agent_status_every_s`; `agent_interval_s` while a collector fails or no sample collector runs: then the
+        status is the host's only sign of life, and the pipeline takes a host unheard of for a minute as silent."""
+        s = self.settings
+        sampling = any(c.supported and not c.spec.continuous and not c.failing for c in self.states.values())
+        return s.agent_status_every_s if sampling else min(s.agent_interval_s, s.agent_status_every_s)
+
     async def _status_loop(self) -> None:
-        """A status now, then every `agent_status_every_s`, and at once (within `status_min_gap_s`) when a collector
+        """A status now, then every `status_period_s()`, and at once (within `status_min_gap_s`) when a collector
         starts or stops running or failing."""
         while True:
             self._status_due.clear()
             await self._publish_status()
             last = time.monotonic()
             try:
-                await asyncio.wait_for(self._status_due.wait(), self.settings.agent_status_every_s)
+                await asyncio.wait_for(self._status_due.wait(), self.status_period_s())
             except TimeoutError:
                 continue
             await asyncio.sleep(max(0.0, last + self.status_min_gap_s - time.monotonic()))

@@ -47,7 +47,8 @@ class XidEvent(BaseModel):
 class AgentStatus(BaseModel):
     """A host agent's own condition: which collectors run, which fail and why, and whether it is stopping.
 
-    Published every `agent_status_every_s` and at once when a collector starts or stops failing; the last one, with
+    Published every `agent_status_every_s` (every `agent_interval_s` while a collector fails or no sample collector
+    runs: then it is the host's only sign of life) and at once when a collector starts or stops failing; the last one, with
     `state` "stopping", when the agent is shut down in order (a planned reboot, maintenance). With the samples it
     tells a silent host (nothing at all) from a broken monitor (status, no samples) and from one taken away on
     purpose (a goodbye, then nothing): streams/silence/."""

@@ -18,7 +18,7 @@ rack, whose samples are staggered over an interval, has then crossed the line to
 A host that still sends agent status but no samples, or whose agent says a collector fails, is a broken monitor:
 MonitorBroken, never a drain. A job whose collectives stopped `stall_after_s` before the clock while hosts still
 report it in their samples is stalled: JobStalled, naming any hardware evidence among its hosts (silent, broken
-monitor); no drain either way (docs/remediation.md, "Host silence and job stalls").
+monitor); no drain either way (docs/remediation.md, "Host silence, broken monitors and job stalls").
 """
 
 from __future__ import annotations
@@ -60,14 +60,19 @@ class SilenceConfig(BaseModel):
                                   "do not move it")
     wall_wait_s: float = Field(default=10.0, ge=0, description="wall-clock seconds a host behind the clock waits "
                                "before it counts as silent (after an outage agents' spools replay at different "
-                               "speeds); three times this when no other host of its partition is ahead of it (the "
-                               "consumer may fetch one partition later than another)")
+                               "speeds), report_s more when it was heard from while behind; three times this when "
+                               "its topic-partition is not silent_after_s ahead of it (the consumer may fetch one "
+                               "partition later than another)")
     stall_after_s: float = Field(default=120.0, gt=0, description="a job without collectives this long while "
                                  "its hosts report -> JobStalled")
     judge_every_s: float = Field(default=5.0, gt=0, description="the rules run each time the clock crosses a "
                                  "multiple of this")
     forget_after_s: float = Field(default=7 * 86_400.0, gt=0, description="a host or job not heard from this long "
-                                  "(or gone after a goodbye) is forgotten")
+                                  "is forgotten")
+    monitor_hold_s: float = Field(default=30.0, ge=0, description="a collector failing this long (or an agent "
+                                  "speaking without samples) before MonitorBroken fires: one failed poll pages nobody")
+    goodbye_s: float = Field(default=3600.0, gt=0, description="how long a goodbye is believed: a host that said it "
+                             "stopped and is still silent after this counts as silent")
     monitor_collectors: tuple[str, ...] = ("nvml", "dcgm")  # collectors that produce the samples
 
     @model_validator(mode="after")
@@ -97,6 +102,7 @@ class HostView:
     oos: bool = False  # out of service (drained, repairing): silence expected
     silent_since: float | None = None  # alive_ts when it was found behind the clock (and not heard from since)
     silent_wall: float = 0.0  # the wall clock (Kafka time, s) then
+    late: bool = False  # heard from again while behind the clock: alive, its records read late
     source: str = ""  # the topic-partition its latest sign of life came from ("samples:3", "agent:3")
     samples_source: str = ""  # the topic-partition its samples come from
     judged: str | None = None  # SINGLE, RACK or FLEET once judged
@@ -118,10 +124,10 @@ class HostView:
 def merge(view: HostView, seen: Mapping) -> None:
     """A host's report from a `seen` step folded into its view. Whether a silent host is back is the clock's to say
     (judge): a report may carry a sign of life older than the silence it seems to end."""
-    if seen["sample_ts"] > view.sample_ts:
+    if seen["sample_ts"] > view.sample_ts or seen["bye"]:
         view.nosample_since = None
-    elif seen["alive_ts"] > max(view.alive_ts, seen["sample_ts"]) and view.nosample_since is None:
-        view.nosample_since = seen["alive_ts"]  # its agent speaks, its samples do not (yet)
+    elif seen["alive_ts"] > max(view.alive_ts, seen["sample_ts"]) and (view.nosample_since is None or view.bye):
+        view.nosample_since = seen["alive_ts"]  # its agent speaks, its samples do not (yet); or it is back
     if seen["alive_ts"] > view.alive_ts:
         view.alive_ts, view.bye = seen["alive_ts"], seen["bye"]
         view.source = seen.get("source") or view.source
@@ -174,10 +180,6 @@ class Judgement:
     jobs: dict[str, dict] = field(default_factory=dict)  # job views after it (changed ones)
 
 
-def _silent(v: HostView, clock: float, cfg: SilenceConfig) -> bool:
-    return not v.bye and not v.oos and clock - v.alive_ts >= cfg.silent_after_s
-
-
 def _names(hosts: Iterable[str]) -> str:
     names = sorted(hosts)
     return ",".join(names[:LABELS_MAX]) + (f",... ({len(names)})" if len(names) > LABELS_MAX else "")
@@ -190,14 +192,15 @@ def judge(hosts: dict[str, HostView], jobs: dict[str, dict], groups: dict[str, d
     `groups` holds the open RackSilent/FleetSilent alerts (key "rack:<r>" or "fleet")
     and `jobs` each job's view ({"ts": last collective, "stalled_since": ts or None}); both are returned changed."""
     out = Judgement(groups=dict(groups))
-    in_service = {h: v for h, v in hosts.items() if not v.bye and not v.oos and v.alive_ts > 0}
-    behind = {h: v for h, v in in_service.items() if _silent(v, clock, cfg)}
+    in_service = {h: v for h, v in hosts.items() if _in_service(v, clock, cfg)}
+    behind = {h: v for h, v in in_service.items() if clock - v.alive_ts >= cfg.silent_after_s}
     for h, v in hosts.items():
         if v.silent_since is not None and h not in behind:  # back, or gone on purpose
-            v.silent_since, v.judged = None, None
+            v.silent_since, v.judged, v.late = None, None, False
             out.changed.add(h)
     for h, v in behind.items():
         if v.silent_since is None or v.alive_ts > v.silent_since:  # behind, or still heard from but late: wait anew
+            v.late = v.silent_since is not None
             v.silent_since, v.silent_wall = v.alive_ts, wall
             out.changed.add(h)
     # Behind the fleet's clock is silent once it has been behind for `wall_wait_s` of wall time (a spool replaying
@@ -206,41 +209,60 @@ def judge(hosts: dict[str, HostView], jobs: dict[str, dict], groups: dict[str, d
     # further (every host on it behind) waits three times as long. No Kafka time (offline): no wall waits.
     moved = (lambda source, ts: progress.get(source, 0.0) - ts >= cfg.silent_after_s) if progress is not None \
         else (lambda source, ts: True)
+    # A host heard from again while behind (a spool replaying slowly, a clock running late) waits `report_s` more
+    # each time: its next report is due by then.
     silent = {h: v for h, v in behind.items()
-              if wall == 0 or (wall - v.silent_wall >= cfg.wall_wait_s
+              if wall == 0 or (wall - v.silent_wall >= cfg.wall_wait_s + (cfg.report_s if v.late else 0.0)
                                and (moved(v.source, v.alive_ts)
                                     or wall - v.silent_wall >= 3 * cfg.wall_wait_s))}
     racks: dict[str, list[str]] = {}
-    for h, v in in_service.items():
-        racks.setdefault(v.rack, []).append(h)
-    rack_out = {r: [h for h in members if h in silent] for r, members in racks.items()}
-    rack_out = {r: s for r, s in rack_out.items()
-                if r and len(s) >= cfg.rack_min_hosts and len(s) >= cfg.rack_share * len(racks[r])}
-    fleet_out = (len(silent) >= max(cfg.fleet_min_hosts, cfg.fleet_share * len(in_service))
-                 and len({v.rack for v in silent.values()}) > 1)
+    for h, v in in_service.items():  # a host without a rack label is a rack of its own
+        racks.setdefault(v.rack or f"host:{h}", []).append(h)
+    # Silent together: a host already judged on its own (its fault sent) is no part of a later rack or fleet outage.
+    together = {h: v for h, v in silent.items() if v.judged != SINGLE}
+    rack_out = {r: [h for h in members if h in together] for r, members in racks.items()}
+    rack_out = {r: s for r, s in rack_out.items() if not r.startswith("host:")
+                and len(s) >= cfg.rack_min_hosts and len(s) >= cfg.rack_share * len(racks[r])}
+    loose = [h for h, v in together.items() if v.rack not in rack_out]
+    fleet_out = len(rack_out) >= 2 or (
+        len(loose) >= max(cfg.fleet_min_hosts, cfg.fleet_share * len(in_service))
+        and len({together[h].rack or f"host:{h}" for h in loose}) > 1)
     due = {h for h, v in silent.items() if clock - v.alive_ts >= cfg.silent_after_s + cfg.group_wait_s}
-    _group_alerts(out, rack_out, racks, silent, due, fleet_out, len(in_service), clock, cfg)
+    _group_alerts(out, hosts, rack_out, racks, together, due, fleet_out, len(in_service), clock, cfg)
     for h, v in sorted(silent.items()):
         if v.judged is not None or h not in due:
             continue
         v.judged = FLEET if fleet_out else RACK if v.rack in rack_out else SINGLE
         out.changed.add(h)
         if v.judged == SINGLE:
-            peers = racks.get(v.rack, [])
-            out.faults.append(_fault(h, v, clock, len(peers) - len(rack_out.get(v.rack, [h])), len(peers),
-                                     len(silent), len(in_service), cfg))
+            peers = racks.get(v.rack or f"host:{h}", [])
+            reporting = sum(1 for p in peers if p not in silent)
+            out.faults.append(_fault(h, v, clock, reporting, len(peers), len(silent), len(in_service), cfg))
     for h, v in hosts.items():
-        _monitor(out, h, v, h in silent, clock, moved, cfg)
+        _monitor(out, h, v, h in behind, h in silent, clock, moved, cfg)
+    members: dict[str, list[str]] = {}
+    for h, v in hosts.items():
+        if v.job is not None and _in_service(v, clock, cfg):
+            members.setdefault(v.job, []).append(h)
     for job, jv in jobs.items():
-        _job(out, job, jv, hosts, silent, clock, cfg)
+        if job in members or jv.get("stalled_since") is not None:
+            _job(out, job, jv, members.get(job, []), hosts, silent, clock, cfg)
     return out
 
 
-def _group_alerts(out: Judgement, rack_out: dict[str, list[str]], racks: dict[str, list[str]],
-                  silent: dict[str, HostView], due: set[str], fleet_out: bool, fleet_n: int, clock: float,
-                  cfg: SilenceConfig) -> None:
-    """Fire a rack's (the fleet's) alert when most of it goes silent together, resolve it once that is over."""
-    wanted = {f"rack:{r}": (RACK_SILENT, r, s, len(racks[r])) for r, s in rack_out.items()}
+def _in_service(v: HostView, clock: float, cfg: SilenceConfig) -> bool:
+    """Heard from, in service, and not gone after a goodbye (a goodbye is believed for `goodbye_s`)."""
+    return v.alive_ts > 0 and not v.oos and not (v.bye and clock - v.alive_ts < cfg.goodbye_s)
+
+
+def _group_alerts(out: Judgement, hosts: dict[str, HostView], rack_out: dict[str, list[str]],
+                  racks: dict[str, list[str]], silent: dict[str, HostView], due: set[str], fleet_out: bool,
+                  fleet_n: int, clock: float, cfg: SilenceConfig) -> None:
+    """Fire a rack's (the fleet's) alert when most of it goes silent together, resolve it once that is over. While
+    the fleet's fires, no rack's opens (one page for one outage; those already open stay). A host judged part of a
+    group that is over, and still silent, is judged again on its own."""
+    wanted = {f"rack:{r}": (RACK_SILENT, r, s, len(racks[r])) for r, s in rack_out.items()
+              if not fleet_out or f"rack:{r}" in out.groups}
     if fleet_out:
         wanted["fleet"] = (FLEET_SILENT, "", list(silent), fleet_n)
     for key, (name, rack, members, total) in wanted.items():
@@ -254,6 +276,11 @@ def _group_alerts(out: Judgement, rack_out: dict[str, list[str]], racks: dict[st
     for key, g in list(out.groups.items()):
         if key not in wanted:
             del out.groups[key]
+            for h, v in hosts.items():
+                if v.judged == (FLEET if key == "fleet" else RACK) and (key == "fleet" or f"rack:{v.rack}" == key) \
+                        and v.silent_since is not None:
+                    v.judged = None
+                    out.changed.add(h)
             where = f"rack {g['rack']}" if g["rack"] else "the fleet"
             out.alerts.append(_group_alert("resolved", g["alertname"], g["rack"], g["since"], clock, 0, g["of"], [],
                                            where, cfg))
@@ -294,21 +321,27 @@ def _fault(host: str, v: HostView, clock: float, peers_reporting: int, peers: in
                   "fleet_silent": str(fleet_silent), "fleet_hosts": str(fleet_n), "job": v.job or ""})
 
 
-def _monitor(out: Judgement, host: str, v: HostView, silent: bool, clock: float,
+def _monitor(out: Judgement, host: str, v: HostView, behind: bool, silent: bool, clock: float,
              moved: Callable[[str, float], bool], cfg: SilenceConfig) -> None:
     """MonitorBroken while the agent says a collector fails, or it speaks but the samples of the other hosts of its
     samples partition have gone `silent_after_s` past the later of its last sample and the moment it spoke without
     one (a host back from silence speaks before its first sample; a samples topic read behind the status topic, or
-    one of its partitions behind the others, delays its samples and theirs alike)."""
+    one of its partitions behind the others, delays its samples and theirs alike). It fires only for a host heard
+    from now, or heard from again while behind the clock (its records read late; one behind and not heard from
+    since may be dead: silence's to judge), and resolves on evidence: the collectors work,
+    or the host is confirmed silent, said goodbye or left service (not because its status is read late)."""
     stale = (v.nosample_since is not None
              and moved(v.samples_source, max(v.sample_ts, v.nosample_since)))
-    broken = not v.bye and not v.oos and not silent and (bool(v.failing) or stale)
+    evidence = bool(v.failing) or stale
+    gone = v.bye or v.oos or silent
+    start = (v.failing_since or v.alive_ts) if v.failing else v.nosample_since
+    held = start is not None and clock - start >= cfg.monitor_hold_s  # no page for one failed poll
+    broken = not gone and evidence and (v.monitor_since is not None or (held and (not behind or v.late)))
     if broken == (v.monitor_since is not None):
         return
     out.changed.add(host)
-    # It started when the evidence did (the first failing report, or a sample interval's worth of silence after
-    # the last sample): the same start whenever the rules run.
-    start = (v.failing_since or v.alive_ts) if v.failing else v.nosample_since
+    # It started when the evidence did (the first failing report, or the moment it spoke without samples): the same
+    # start whenever the rules run.
     since = start if broken else v.monitor_since
     v.monitor_since = start if broken else None
     what = (f"failing: {'; '.join(f'{c}: {e}' for c, e in sorted(v.failing.items()))}" if v.failing
@@ -328,11 +361,10 @@ def _monitor(out: Judgement, host: str, v: HostView, silent: bool, clock: float,
         evidence={"last_sample_ts": v.sample_ts, "last_heard_ts": v.alive_ts, "failing": float(len(v.failing))}))
 
 
-def _job(out: Judgement, job: str, jv: dict, hosts: dict[str, HostView], silent: dict[str, HostView],
-         clock: float, cfg: SilenceConfig) -> None:
-    """JobStalled while a job's hosts report it and its collectives stopped; resolved when they resume or no host
-    runs it any more."""
-    members = [h for h, v in hosts.items() if v.job == job and not v.bye and not v.oos]
+def _job(out: Judgement, job: str, jv: dict, members: list[str], hosts: dict[str, HostView],
+         silent: dict[str, HostView], clock: float, cfg: SilenceConfig) -> None:
+    """JobStalled while a job's hosts (`members`, in service) report it and its collectives stopped; resolved when
+    they resume or no host runs it any more."""
     reporting = [h for h in members if h not in silent]
     idle_s = clock - jv["ts"]
     stalled = bool(reporting) and idle_s >= cfg.stall_after_s

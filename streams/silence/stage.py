@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import copy
+
 import orjson
 
 from core.errors import DecodeError
@@ -28,8 +30,9 @@ from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Ta
 from streams.silence.rules import FleetClock, HostView, SilenceConfig, judge, merge, silence_config
 
 HOSTS, FLEET = "hosts", "fleet"
-SEEN_FIELDS = {"host": (str,), "alive_ts": (int, float), "sample_ts": (int, float), "rack": (str,), "bye": (bool,),
-               "source": (str,)}
+SEEN_FIELDS = {"host": (str,), "alive_ts": (int, float), "sample_ts": (int, float), "rack": (str,), "source": (str,),
+               "samples_source": (str,)}
+FLAG_FIELDS = {"bye": (bool,), "oos": (bool,), "failing": (dict,), "job": (str, type(None))}  # present when proven
 JOB_FIELDS = {"job": (str,), "ts": (int, float)}
 
 
@@ -41,12 +44,21 @@ def check_fleet(value: object) -> dict:
         if type(value.get(name)) not in types:
             raise DecodeError(f"silence {value['kind']} record: {name} {value.get(name)!r:.80} is not "
                               f"{types[0].__name__}")
+    for name, types in FLAG_FIELDS.items() if value["kind"] == "host" else ():
+        if name in value and type(value[name]) not in types:
+            raise DecodeError(f"silence host record: {name} {value[name]!r:.80} is not {types[0].__name__}")
+    if "failing" in value and not all(type(e) is str for e in value["failing"].values()):
+        raise DecodeError("silence host record: failing holds a value that is not text")
     return value
 
 
 def _blank(host: str) -> dict:
     return {"kind": "host", "host": host, "alive_ts": 0.0, "sample_ts": 0.0, "rack": "", "job": None,
             "failing": None, "bye": False, "oos": None, "source": "", "samples_source": ""}
+
+
+# What every report carries as this worker read it (times only grow); flags come only from the record (seen_step).
+TIMES = ("kind", "host", "alive_ts", "sample_ts", "rack", "source", "samples_source")
 
 
 def _failing(status: dict, cfg: SilenceConfig) -> dict[str, str]:
@@ -61,36 +73,40 @@ def _failing(status: dict, cfg: SilenceConfig) -> dict[str, str]:
 
 def seen_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> list[Emit]:
     """Each record moves its host's sign of life; a report goes out per record that changes a flag, or that moves
-    the host `report_s` past its last report (decided record by record: the same reports in any batches)."""
+    the host `report_s` past its last report (decided record by record: the same reports in any batches). A report
+    carries the host's latest times as this worker read them and only the flags the record itself proves (a
+    status: failing, goodbye, job; a sample: its job, no goodbye; a node state: in service or not): this worker's
+    memory of a host may be stale after its partition went elsewhere and came back; the fleet step keeps the rest."""
     hosts: dict[str, dict] = state.memo.setdefault("hosts", {})
     sent: dict[str, tuple] = state.memo.setdefault("sent", {})  # host -> (alive_ts, flags) last reported
     out: list[Emit] = []
     for r in records:
         rec, host = r.value, r.value["host"]
         cur = hosts.get(host) or _blank(host)
+        proven: dict = {}
         if r.kind == "node":
             if cur["oos"] and rec["schedulable"]:  # back in service (validated): alive then, silence counts from it
                 cur["alive_ts"] = max(cur["alive_ts"], rec["ts"])
-            cur["oos"] = not rec["schedulable"]
+            cur["oos"] = proven["oos"] = not rec["schedulable"]
         else:
             source = f"{'samples' if r.kind == 'sample' else 'agent'}:{r.partition}"
             if r.kind == "sample" and rec["ts"] > cur["sample_ts"]:  # samples and status are two topics: each
-                cur["sample_ts"], cur["samples_source"], cur["job"] = rec["ts"], source, rec.get("job")  # in order
-                if cur["failing"] and rec.get("source") in cur["failing"]:  # its collector works again
-                    cur["failing"] = {k: e for k, e in cur["failing"].items() if k != rec["source"]}
+                cur["sample_ts"], cur["samples_source"] = rec["ts"], source  # in order
+                cur["job"] = proven["job"] = rec.get("job")
             if rec["ts"] >= cur["alive_ts"]:
                 cur["alive_ts"], cur["rack"], cur["source"] = rec["ts"], rec["rack"] or cur["rack"], source
-                if r.kind == "sample":
-                    cur["bye"] = False
-                else:
-                    cur["failing"], cur["bye"] = _failing(rec, cfg), rec["state"] == "stopping"
-                    cur["job"] = rec.get("job") or cur["job"]
+                proven["bye"] = cur["bye"] = r.kind != "sample" and rec["state"] == "stopping"
+                if r.kind != "sample":
+                    cur["failing"] = proven["failing"] = _failing(rec, cfg)
+                    if rec.get("job"):
+                        cur["job"] = proven["job"] = rec["job"]
         hosts[host] = cur
         last = sent.get(host)
         flags = (cur["rack"], cur["job"], cur["failing"], cur["bye"], cur["oos"])
         if last is None or last[1] != flags or cur["alive_ts"] - last[0] >= cfg.report_s:
             sent[host] = (cur["alive_ts"], flags)
-            out.append(Emit(SILENCE_FLEET, host.encode(), orjson.dumps(cur)))
+            report = {k: cur[k] for k in TIMES}
+            out.append(Emit(SILENCE_FLEET, host.encode(), orjson.dumps({**report, **proven})))
     return out
 
 
@@ -111,7 +127,8 @@ def jobs_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> li
 def fleet_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> list[Emit]:
     """Record by record: fold the report in, move the clock, and judge whenever the clock crosses a `judge_every_s`
     mark (the same marks, so the same judgements, in any batches)."""
-    views: dict[str, HostView] = state.scan(HOSTS)
+    # Copies: scan() lends the stored objects read-only, and a step that raises is retried from the stored state.
+    views: dict[str, HostView] = {h: copy.copy(v) for h, v in state.scan(HOSTS).items()}
     jobs: dict[str, dict] = {k[4:]: v for k, v in state.scan(FLEET, "job:").items()}
     groups: dict[str, dict] = state.get(FLEET, "groups", {})
     clock_of = state.memo.get("clock")
@@ -135,8 +152,8 @@ def fleet_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> l
         else:
             host = rec["host"]
             v = views.get(host) or HostView()
-            seen = {**rec, "failing": v.failing if rec.get("failing") is None else rec["failing"],
-                    "oos": v.oos if rec.get("oos") is None else rec["oos"], "rack": rec["rack"] or v.rack}
+            seen = {**rec, "rack": rec["rack"] or v.rack, "failing": rec.get("failing", v.failing),
+                    "oos": rec.get("oos", v.oos), "job": rec.get("job", v.job), "bye": rec.get("bye", v.bye)}
             merge(v, seen)
             changed.add(host)
             views[host] = v
@@ -163,7 +180,7 @@ def fleet_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> l
     if groups != state.get(FLEET, "groups", {}):
         state.put(FLEET, "groups", groups)
     if clock != state.get(FLEET, "clock", 0.0):
-        state.put(FLEET, "clock", clock, durable=False)
+        state.put(FLEET, "clock", clock)  # a restart judges at the same marks
     _forget(views, jobs, clock, state, clock_of, cfg)
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 
@@ -90,9 +91,12 @@ async def test_status_at_start_when_nvml_fails_when_it_recovers_and_a_goodbye_at
     assert "NVMLError_DriverNotLoaded" in broken.failing["nvml"] and "nvmlEventSetWait_v2" in broken.failing["nvml_xid"]
     assert broken.collectors == ["nvml_xid", "nvml"] and broken.state == "running"  # still running, failing
     samples_when_broken = sum(name == SAMPLES.name for name, _ in pub.records)
+    polls_when_broken = runner.states["nvml"].polls + runner.states["nvml_xid"].polls
     await until(lambda: runner.states["nvml"].errors >= 3, "three failed nvml polls")
     assert sum(name == SAMPLES.name for name, _ in pub.records) == samples_when_broken  # status, no samples
-    assert pub.statuses()[-1].seq == broken.seq  # failing on: no record per failed poll
+    # failing on: a status every sample interval (the host's only sign of life), not one per failed poll
+    polls = runner.states["nvml"].polls + runner.states["nvml_xid"].polls - polls_when_broken
+    assert pub.statuses()[-1].seq - broken.seq < polls
 
     nvml.driver_up()
     await until(lambda: pub.statuses()[-1].failing == {}, "a status with nothing failing")
@@ -106,8 +110,10 @@ async def test_status_at_start_when_nvml_fails_when_it_recovers_and_a_goodbye_at
     assert statuses[-1].collectors == ["nvml_xid", "nvml"] and statuses[-1].failing == {}
     assert all(a.ts <= b.ts for a, b in zip(statuses, statuses[1:]))
     running = [(sorted(s.failing), s.collectors) for s in statuses[:-1]]
-    assert all(a != b for a, b in zip(running, running[1:]))  # each record after the first says something changed
-    assert 3 <= len(statuses) <= 6  # start, failing and recovered (nvml, nvml_xid: one record or two each), goodbye
+    changes = [k for k, _ in itertools.groupby(running)]  # repeats: the status every interval while failing
+    cols = ["nvml_xid", "nvml"]
+    assert changes[0] == changes[-1] == ([], cols) and (["nvml", "nvml_xid"], cols) in changes, changes
+    assert 3 <= len(changes) <= 5  # start, failing (nvml, nvml_xid: one record or two), recovered
     assert pub.records[-1][0] == AGENT.name  # the goodbye is the last record the runner hands over
     assert runner.status_sent == len(statuses) and runner.publish_errors == 0
 
@@ -210,3 +216,17 @@ async def test_the_goodbye_reaches_the_spool_when_the_broker_is_away(tmp_path):
     assert statuses and statuses[-1].state == "stopping" and statuses[-1].seq == runner.status_seq - 1
     assert set(statuses[-1].failing) == {"nvml", "nvml_xid"}  # the monitor was broken until the planned stop
     assert not any(r.topic == SAMPLES.full() for r in records)  # NVML down: no samples, only status
+
+
+async def test_while_a_collector_fails_the_status_comes_every_sample_interval():
+    """Then it is the host's only sign of life: at the 60 s period the pipeline would take a broken monitor for a
+    silent host (streams/silence/)."""
+    nvml, pub, stop = FakeNvml(), Recorder(), asyncio.Event()
+    runner = AgentRunner(settings(agent_status_every_s=60, agent_interval_s=0.1), publisher=pub, nvml=nvml)
+    task = await started(runner, stop)
+    assert runner.status_period_s() == 60
+    nvml.driver_down()
+    await until(lambda: len([s for s in pub.statuses() if s.failing]) >= 4, "a failing status every interval")
+    assert runner.status_period_s() == 0.1
+    stop.set()
+    await asyncio.wait_for(task, 10)

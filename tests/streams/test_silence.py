@@ -128,6 +128,52 @@ def test_many_hosts_across_racks_silent_together_is_one_fleet_alert_and_no_fault
     assert f.faults() == [] and f.alerts() == [("FleetSilent", "firing", "fleet")]
 
 
+def test_a_host_still_silent_when_its_rack_returns_is_judged_on_its_own():
+    f = Fleet({f"r{i}": 4 for i in range(10)}, fleet_min_hosts=5)
+    f.run(120)
+    f.down |= {"r3-h0", "r3-h1", "r3-h2"}
+    f.run(300)
+    f.down -= {"r3-h1", "r3-h2"}  # the switch is back; r3-h0 stays dead
+    f.run(300)
+    assert f.alerts() == [("RackSilent", "firing", "r3"), ("RackSilent", "resolved", "r3")]
+    assert [x["host"] for x in f.faults()] == ["r3-h0"]
+
+
+def test_hosts_silent_one_after_another_are_no_rack_outage():
+    """A host that died and was faulted (its drain refused, say) is no part of a later outage of its rack."""
+    f = Fleet({f"r{i}": 4 for i in range(10)})
+    f.run(120)
+    f.down.add("r3-h0")
+    f.run(600)
+    f.down.add("r3-h1")
+    f.run(600)
+    assert [x["host"] for x in f.faults()] == ["r3-h0", "r3-h1"] and f.alerts() == []
+
+
+def test_a_fleet_outage_is_one_fleet_alert_not_one_per_rack_and_rackless_hosts_count_too():
+    f = Fleet({f"r{i}": 4 for i in range(10)})
+    f.run(120)
+    f.down |= {h for h in f.hosts if not h.startswith("r9")}  # the collector network: 9 racks of 10
+    f.run(300)
+    assert f.faults() == [] and f.alerts() == [("FleetSilent", "firing", "fleet")]
+    g = Fleet({"": 40})  # no rack labels: half of them silent together is still the network, not 20 drains
+    g.run(120)
+    g.down |= {h for i, h in enumerate(g.hosts) if i % 2}
+    g.run(300)
+    assert g.faults() == [] and g.alerts() == [("FleetSilent", "firing", "fleet")]
+
+
+def test_a_goodbye_is_believed_for_an_hour():
+    f = Fleet({"r1": 4, "r2": 4})
+    f.run(60)
+    f.status("r1-h0", state="stopping")
+    f.down.add("r1-h0")
+    f.run(3500)
+    assert f.faults() == []
+    f.run(300)
+    assert [x["host"] for x in f.faults()] == ["r1-h0"]
+
+
 def test_a_goodbye_or_a_drained_node_then_silence_is_no_fault():
     f = Fleet({"r1": 4, "r2": 4})
     f.run(60)
@@ -142,6 +188,29 @@ def test_a_goodbye_or_a_drained_node_then_silence_is_no_fault():
     f.run(60)
     f.down.add("r2-h1")  # back in service, then silent: a fault now
     f.run(200)
+    assert [x["host"] for x in f.faults()] == ["r2-h1"]
+
+
+def test_back_from_maintenance_or_dead_after_a_status_is_no_broken_monitor():
+    """Two ways the llama3-mix run once raised MonitorBroken for nothing: a maintained host back after 20 minutes
+    speaks (its status) before its first sample; a host whose last status was read just before its last sample and
+    then died is silent, not a broken monitor."""
+    f = Fleet({"r1": 4, "r2": 4}, partitions=2, report_s=5)  # every record that moves a host 5 s is reported
+    f.run(60)
+    f.down.add("r1-h0")
+    f.run(10)
+    f.status("r1-h0", state="stopping")  # its goodbye, in a tick without its sample
+    f.run(1200)
+    f.down.discard("r1-h0")
+    f.status("r1-h0")  # back: the agent speaks, its first sample follows in the next tick
+    f.run(120)
+    f.down.add("r2-h1")
+    f.t += 10
+    f.status("r2-h1")  # read before its sample of the same tick (reported: it moved the host), then it dies
+    f._feed(f.seen, SAMPLES, "sample", "r2-h1", {"host": "r2-h1", "rack": "r2", "ts": f.t})
+    f.t -= 10
+    f.run(300)
+    assert [a for a in f.alerts() if a[0] == "MonitorBroken"] == []
     assert [x["host"] for x in f.faults()] == ["r2-h1"]
 
 
