@@ -98,7 +98,7 @@ def _tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
         alert = spec.whole_rack and not spec.announced and lasts(spec, SILENCE_MIN_S)
         return (list(RACK_DOWN) if alert else []), not spec.announced
     tokens = [t for t in EXPECTED[spec.kind] if ranked or t != "straggler"]
-    if spec.kind in SLOWS_RANK and ranked and (spec.duration is None or spec.duration >= STRAGGLER_MIN_S):
+    if spec.kind in SLOWS_RANK and ranked and lasts(spec, STRAGGLER_MIN_S):
         tokens.append("straggler")
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c:
         tokens.append("alert:thermal")

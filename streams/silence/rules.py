@@ -121,9 +121,12 @@ class HostView:
         return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
 
-def merge(view: HostView, seen: Mapping) -> None:
-    """A host's report from a `seen` step folded into its view. Whether a silent host is back is the clock's to say
-    (judge): a report may carry a sign of life older than the silence it seems to end."""
+def merge(view: HostView, report: Mapping) -> None:
+    """A host's report from a `seen` step folded into its view; a flag the report leaves out (its record did not
+    prove it) keeps the view's. Whether a silent host is back is the clock's to say (judge): a report may carry a
+    sign of life older than the silence it seems to end."""
+    seen = {**report, "rack": report["rack"] or view.rack, "failing": report.get("failing", view.failing),
+            "oos": report.get("oos", view.oos), "job": report.get("job", view.job), "bye": report.get("bye", view.bye)}
     if seen["sample_ts"] > view.sample_ts or seen["bye"]:
         view.nosample_since = None
     elif seen["alive_ts"] > max(view.alive_ts, seen["sample_ts"]) and (view.nosample_since is None or view.bye):

@@ -5,8 +5,8 @@ Three steps of one stage, pure and in event time:
 - `seen` (lane `telemetry`: host samples, agent status, node states, all keyed by host) keeps each host's last
   sign of life in memory and tells the fleet step about it on the internal single-partition topic silence-fleet:
   at once when a flag changes (a collector failing, a goodbye, out of service), else every `report_s` of the host's
-  own time. After a restart it knows nothing until the host's next record: what it does not know it sends as None,
-  and the fleet step keeps its own durable view.
+  own time. A report carries the host's latest times and only the flags its record proves (the worker's memory of
+  a host may be stale); the fleet step keeps its own durable view of the rest.
 - `jobs` (lane `nccl`, keyed by job) sends each job's last collective the same way.
 - `fleet` (lane `silence`: silence-fleet) holds every host's and job's view (table `hosts`, table `fleet`; every
   report reaches the changelog, about one per host per `report_s`: after a restart it judges from the views it had),
@@ -17,9 +17,8 @@ Three steps of one stage, pure and in event time:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import copy
+from collections.abc import Sequence
 
 import orjson
 
@@ -152,9 +151,7 @@ def fleet_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> l
         else:
             host = rec["host"]
             v = views.get(host) or HostView()
-            seen = {**rec, "rack": rec["rack"] or v.rack, "failing": rec.get("failing", v.failing),
-                    "oos": rec.get("oos", v.oos), "job": rec.get("job", v.job), "bye": rec.get("bye", v.bye)}
-            merge(v, seen)
+            merge(v, rec)
             changed.add(host)
             views[host] = v
             clock_of.move(host, v)
