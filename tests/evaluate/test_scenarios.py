@@ -29,7 +29,7 @@ async def evaluate(name: str, *overrides: str, **options) -> dict:
 def landed_in_full(report: dict) -> None:
     """Nothing lost, nothing doubled: every published record stored exactly once, nothing dead-lettered."""
     acc = report["accounting"]
-    for name in ("samples_gpu_rows", "xid_lines", "nccl_timings", "truth"):
+    for name in ("samples_gpu_rows", "xid_lines", "nccl_timings", "agent_status", "truth"):
         assert acc[name]["stored"] == acc[name]["sent"], (name, acc[name])
     assert acc["dead_letters"] == {}
 
