@@ -44,6 +44,32 @@ class XidEvent(BaseModel):
     source: Literal["kmsg", "journald", "file", "nvml", "dcgm", "simulator"] = "kmsg"
 
 
+HOST_SUBSYSTEMS = ("nic", "storage", "filesystem", "machine_check")
+
+
+class HostEvent(BaseModel):
+    """One kernel-log line about the host around the GPUs: its NIC (mlx5), its disks (NVMe, block I/O), its
+    filesystems (ext4, XFS) or its CPUs and memory (machine checks, EDAC). `code` names the pattern that matched
+    (agents/kernel_log/host_lines.py lists them); the fault-bin stage bins it (streams/fault_bins/host_rules.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
+    rack: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
+    cluster: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
+    ts: float = Field(gt=0, json_schema_extra=TS)
+    subsystem: Literal[HOST_SUBSYSTEMS] = Field(description="nic, storage, filesystem or machine_check")
+    code: str = Field(min_length=1, max_length=ID_MAX, json_schema_extra=LC,
+                      description="the matched pattern: mlx5_health_compromised, nvme_controller_down, ...")
+    device: str | None = Field(default=None, max_length=ID_MAX, json_schema_extra=LC_NULL,
+                               description="what the line names: a PCI address, nvme0, nvme0n1p2, CPU 3 bank 5")
+    severity: Literal["fatal", "error", "warning", "corrected"] = "error"
+    count: int = Field(default=1, ge=1, description="exact repeats folded into this event by the collector")
+    message: str = Field(default="", max_length=TEXT_MAX)
+    raw_line: str = Field(default="", max_length=TEXT_MAX)
+    source: Literal["kmsg", "journald", "file", "simulator"] = "kmsg"
+
+
 class AgentStatus(BaseModel):
     """A host agent's own condition: which collectors run, which fail and why, and whether it is stopping.
 

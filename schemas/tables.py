@@ -12,6 +12,7 @@ from core.errors import DecodeError
 from schemas import topics as t
 from schemas.columns import Alias, Column, column_for
 from schemas.events import NcclTiming
+from schemas.network import NetSample, PortReading
 from schemas.telemetry import GpuReading, HostSample
 
 PROVENANCE = (
@@ -165,6 +166,9 @@ TABLES: dict[str, Table] = {
         Table("nccl_timings", t.NCCL, _fields(NcclTiming), ("job", "seq", "rank"), "telemetry", items="ranks",
               shard_by="job"),  # a job's ranks on one shard: its straggler windows are whole there
         _flat("agent_status", t.AGENT, ("host", "ts"), "events"),
+        Table("net_ports", t.NET, _fields(NetSample, exclude={"ports"}), order_by=("cluster", "host", "device", "port",
+              "ts"), tier="telemetry", items="ports", item_fields=_fields(PortReading), count_column="port_count"),
+        _flat("host_events", t.HOST_EVENTS, ("host", "ts", "code"), "events"),
         _flat("health_scores", t.HEALTH, ("host", "ts"), "scores"),
         _flat("faults", t.FAULTS, ("host", "ts", "code"), "events"),
         _flat("stragglers", t.STRAGGLERS, ("job", "ts", "rank"), "scores", shard_by="job"),

@@ -14,7 +14,8 @@ from schemas.analytics import (
     Alert, DrainEvent, FaultEvent, HealthScore, InjectedFault, NodeState, RemediationResult, StragglerScore,
     UsableCompute,
 )
-from schemas.events import AgentStatus, NcclStep, NcclTiming, XidEvent, step_of
+from schemas.events import AgentStatus, HostEvent, NcclStep, NcclTiming, XidEvent, step_of
+from schemas.network import NetSample
 from schemas.telemetry import HostSample
 from schemas.validate import validator
 
@@ -97,6 +98,10 @@ _TOPICS = [
           description="collective timings, one record per host and collective (per-rank NcclTiming still read)"),
     Topic("fleet.telemetry.agent", "host", AgentStatus, 8, 7 * DAY_MS, key_checked=True,
           description="each host agent's own condition: collectors running and failing, an orderly stop"),
+    Topic("fleet.telemetry.net", "host", NetSample, 8, 3 * DAY_MS, key_checked=True,
+          description="one sample of every InfiniBand/RoCE port per host per interval: state, rate, error counters"),
+    Topic("fleet.telemetry.host_events", "host", HostEvent, 8, 14 * DAY_MS, key_checked=True,
+          description="kernel-log lines about the host: NIC (mlx5), NVMe/block I/O, filesystem, machine checks"),
     Topic("fleet.health.scores", "host", HealthScore, 8, 7 * DAY_MS, description="GPU and node health scores"),
     Topic("fleet.faults", "host", FaultEvent, 8, 30 * DAY_MS, description="binned fault events"),
     Topic("fleet.stragglers", "job", StragglerScore, 8, 7 * DAY_MS, description="per-rank straggler scores"),
@@ -115,6 +120,8 @@ SAMPLES = TOPICS["fleet.telemetry.samples"]
 XID = TOPICS["fleet.telemetry.xid"]
 NCCL = TOPICS["fleet.telemetry.nccl"]
 AGENT = TOPICS["fleet.telemetry.agent"]
+NET = TOPICS["fleet.telemetry.net"]
+HOST_EVENTS = TOPICS["fleet.telemetry.host_events"]
 HEALTH = TOPICS["fleet.health.scores"]
 FAULTS = TOPICS["fleet.faults"]
 STRAGGLERS = TOPICS["fleet.stragglers"]
