@@ -10,13 +10,15 @@ from pydantic import BaseModel
 from pynvml import NVMLError
 
 from agents.dcgm import DcgmExporterCollector, DcgmScrape
+from agents.infiniband import InfinibandCollector
 from agents.kernel_log import FileSource, JournaldSource, KernelLogCollector, KmsgSource
 from agents.nccl import InspectorCollector
 from agents.nvml import DeviceFault, Nvml, NvmlCollector, NvmlPoll, NvmlXidCollector, load_pynvml, normalize_pci_bus_id
 from agents.settings import AgentSettings
-from schemas.events import NcclStep, NcclTiming, XidEvent, group_timings
+from schemas.events import HostEvent, NcclStep, NcclTiming, XidEvent, group_timings
+from schemas.network import NetSample
 from schemas.telemetry import HostSample
-from schemas.topics import NCCL, SAMPLES, XID, Topic
+from schemas.topics import HOST_EVENTS, NCCL, NET, SAMPLES, XID, Topic
 
 log = logging.getLogger(__name__)
 
@@ -121,21 +123,29 @@ def _nccl_inspector(ctx: BuildContext) -> Collector:
     return InspectorCollector(dump_dir, job=ctx.settings.agent_job)
 
 
+def _infiniband(ctx: BuildContext) -> Collector:
+    return InfinibandCollector(str(ctx.settings.agent_infiniband_root), **ctx.labels, job=ctx.settings.agent_job)
+
+
 @dataclass(frozen=True)
 class CollectorSpec:
     name: str
     build: Callable[[BuildContext], Collector]
     continuous: bool  # an event source followed every agent_event_poll_s, not a sample every agent_interval_s
     description: str
+    gpu_samples: bool = False  # publishes HostSamples: the records by which the pipeline hears the host is alive
 
 
 # Build order matters: nvml_xid before nvml, so the sample's last_xid can read the XID collector.
 REGISTRY: dict[str, CollectorSpec] = {spec.name: spec for spec in (
     CollectorSpec("nvml_xid", _nvml_xid, True, "XID events through NVML (nvmlEventTypeXidCriticalError)"),
-    CollectorSpec("nvml", _nvml, False, "every GPU's telemetry through NVML; lost GPUs become fault events"),
-    CollectorSpec("dcgm", _dcgm, False, "a local dcgm-exporter's metrics, as a HostSample with source dcgm"),
-    CollectorSpec("kernel_log", _kernel_log, True, "XID/SXid lines from /dev/kmsg, journald or a log file"),
+    CollectorSpec("nvml", _nvml, False, "every GPU's telemetry through NVML; lost GPUs become fault events", True),
+    CollectorSpec("dcgm", _dcgm, False, "a local dcgm-exporter's metrics, as a HostSample with source dcgm", True),
+    CollectorSpec("kernel_log", _kernel_log, True, "XID/SXid lines, and NIC, NVMe, filesystem and machine-check "
+                  "lines, from /dev/kmsg, journald or a log file"),
     CollectorSpec("nccl_inspector", _nccl_inspector, True, "NCCL Inspector plugin dump files"),
+    CollectorSpec("infiniband", _infiniband, False, "every InfiniBand/RoCE port's state, rate and error counters "
+                  "from sysfs, as a NetSample"),
 )}
 
 
@@ -163,7 +173,9 @@ def messages(result: Any, job: str | None = None) -> list[tuple[Topic, BaseModel
     if isinstance(result, DcgmScrape):
         sample = result.sample if job is None else result.sample.model_copy(update={"job": job})
         return [(SAMPLES, sample)]
-    topics = {XidEvent: XID, HostSample: SAMPLES}
+    if isinstance(result, NetSample):
+        return [(NET, result)]
+    topics = {XidEvent: XID, HostSample: SAMPLES, HostEvent: HOST_EVENTS}
     result = list(result or [])
     timings = [m for m in result if isinstance(m, NcclTiming)]
     steps = [(NCCL, NcclStep.model_validate(s)) for s in group_timings(timings)]  # a host's ranks: one record each

@@ -179,10 +179,10 @@ class AgentRunner:
             self.status_sent += 1
 
     def status_period_s(self) -> float:
-        """`agent_status_every_s`; `agent_interval_s` while a collector fails or no sample collector runs: then the
-        status is the host's only sign of life, and the pipeline takes a host unheard of for a minute as silent."""
+        """`agent_status_every_s`; `agent_interval_s` while a collector fails or no GPU sample collector runs: then
+        the status is the host's only sign of life, and the pipeline takes a host unheard of for a minute as silent."""
         s = self.settings
-        sampling = any(c.supported and not c.spec.continuous and not c.failing for c in self.states.values())
+        sampling = any(c.supported and c.spec.gpu_samples and not c.failing for c in self.states.values())
         return s.agent_status_every_s if sampling else min(s.agent_interval_s, s.agent_status_every_s)
 
     async def _status_loop(self) -> None:

@@ -16,8 +16,8 @@ from core.errors import ConfigError
 from core.settings import CommonSettings, load
 
 # Stable collector names (agents/registry.py): config values, metric labels and log fields.
-COLLECTOR_NAMES = ("nvml", "nvml_xid", "dcgm", "kernel_log", "nccl_inspector")
-DEFAULT_COLLECTORS = ["nvml", "nvml_xid", "kernel_log", "nccl_inspector"]
+COLLECTOR_NAMES = ("nvml", "nvml_xid", "dcgm", "kernel_log", "nccl_inspector", "infiniband")
+DEFAULT_COLLECTORS = ["nvml", "nvml_xid", "kernel_log", "nccl_inspector", "infiniband"]
 _FILE_VALUES: ContextVar[dict[str, Any] | None] = ContextVar("agent_config_file_values", default=None)
 
 
@@ -40,6 +40,8 @@ class AgentSettings(CommonSettings):
     agent_dcgm_url: str = "http://localhost:9400/metrics"
     agent_kernel_log: str = Field(default="auto", description="auto, kmsg, journald, or a log file path")
     agent_nccl_dump_dir: Path | None = Field(default=None, description="NCCL Inspector dump directory")
+    agent_infiniband_root: Path = Field(default=Path("/sys/class/infiniband"),
+                                        description="where the infiniband collector reads RDMA ports (sysfs)")
     agent_spool_dir: Path | None = Field(default=None, description="default: <data_dir>/spool")
     agent_spool_max_bytes: int = Field(default=256 << 20, ge=1 << 16)
     agent_spool_fsync: Literal["always", "interval", "never"] = "interval"

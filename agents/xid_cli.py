@@ -12,6 +12,7 @@ import orjson
 
 from agents.kernel_log import Detection, KernelLogParser
 from core.errors import ConfigError
+from schemas.events import XidEvent
 from schemas.xid_catalog import RECOVERY_ACTIONS, first_bin, lookup
 
 EXTRA_FIELDS = ("channel", "unit", "link", "registers", "recovery_action", "recovery_label", "device", "log_host",
@@ -53,7 +54,8 @@ def _parse(args: argparse.Namespace) -> int:
         with stream:
             for number, line in enumerate(stream, 1):
                 for detection in parser.feed(line.rstrip("\r\n"), line_no=number):
-                    out.write(orjson.dumps(detection_json(detection)) + b"\n")
+                    if isinstance(detection.event, XidEvent):  # NIC, disk and CPU lines: the agent's, not this tool's
+                        out.write(orjson.dumps(detection_json(detection)) + b"\n")
         out.flush()
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

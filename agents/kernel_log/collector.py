@@ -1,4 +1,5 @@
-"""The kernel-log collector: follows one source (kmsg, journald or a file) and yields XidEvents."""
+"""The kernel-log collector: follows one source (kmsg, journald or a file) and yields XidEvents for the GPUs' XID/SXid
+lines and HostEvents for the host around them (mlx5 NIC, NVMe and block I/O, ext4/XFS, machine checks and EDAC)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import AsyncIterator, Callable, Mapping, Protocol
 from schemas.pci import normalize_pci
 from agents.kernel_log.parser import KernelLogParser
 from agents.kernel_log.sources import FileSource, JournaldSource, KmsgSource, Record
-from schemas.events import XidEvent
+from schemas.events import HostEvent, XidEvent
 
 FALLBACK_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
 
@@ -110,17 +111,17 @@ class KernelLogCollector:
         self.unsupported_reason = "; ".join(reasons)
         return False
 
-    def sample(self) -> list[XidEvent]:
-        """Everything new in the source since the last call, without blocking."""
+    def sample(self) -> list[XidEvent | HostEvent]:
+        """Everything new in the source since the last call, in line order, without blocking."""
         if self._closed or not self.is_supported():
             return []
-        events: list[XidEvent] = []
+        events: list[XidEvent | HostEvent] = []
         for record in self.source.read():
             for line in record.text.split("\n"):
                 events.extend(d.event for d in self.parser.feed(line, ts=record.ts))
         return events
 
-    async def __aiter__(self) -> AsyncIterator[XidEvent]:
+    async def __aiter__(self) -> AsyncIterator[XidEvent | HostEvent]:
         """Follow the source until `close()`; ends at once when no source is supported."""
         if not self.is_supported():
             return

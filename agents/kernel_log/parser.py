@@ -1,4 +1,5 @@
-"""Stateful kernel-log reading: XidEvents with GPU identity, the Xid-less 'fallen off the bus' text, repeat dedup."""
+"""Stateful kernel-log reading: XidEvents with GPU identity, the Xid-less 'fallen off the bus' text, HostEvents for
+the host around the GPUs (host_lines.py), and repeat dedup for both."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Mapping
 
+from agents.kernel_log.host_lines import ParsedHost, parse_host_line
 from agents.kernel_log.lines import PCI, ParsedXid, normalize_pci, parse_line, parse_prefix, parse_sxid_followup
 from core.errors import ConfigError
-from schemas.events import XidEvent
+from schemas.events import HostEvent, XidEvent
+from schemas.limits import TEXT_MAX
 
 _UUID = re.compile(rf"NVRM: GPU at (?:PCI:)?(?P<pci>{PCI})(?:\.(?P<fn>[0-7]))?: "
                    r"(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})")
@@ -28,18 +31,20 @@ PENDING_LINES = 4  # a multi-line NVRM message that has not said 'fallen off the
 class Detection:
     """One emitted event with everything its line said (for diagnostics and the CLI)."""
 
-    event: XidEvent
-    parsed: ParsedXid
+    event: XidEvent | HostEvent
+    parsed: ParsedXid | ParsedHost
     line_no: int | None = None
 
 
 class KernelLogParser:
-    """Feed kernel-log lines in order; get XidEvents for new XID/SXid reports.
+    """Feed kernel-log lines in order; get XidEvents for new XID/SXid reports and HostEvents for new host lines (NIC,
+    storage, filesystem, machine check: host_lines.py), in line order. An XID line is only ever an XidEvent.
 
     PCI ids map to GPU index through the injected mapping (NVML's, where available) and to GPU UUIDs through the
     injected mapping plus 'NVRM: GPU at PCI:...: GPU-<uuid>' lines seen on the way. A repeat of the same report
     (kind, code, PCI id, MIG instance, message) within `dedup_window_s` of its last emission is counted in
-    `repeats`, not emitted; Xid 79 ignores the message, so the fall-off text after an Xid 79 is a repeat too.
+    `repeats`, not emitted; Xid 79 ignores the message, so the fall-off text after an Xid 79 is a repeat too. A host
+    line repeats another when its subsystem, code, device and message are the same, within the same window.
     """
 
     def __init__(self, *, host: str, rack: str = "", cluster: str = "",
@@ -77,7 +82,7 @@ class KernelLogParser:
         if parsed is None:
             found = self._companion(line)
             if found is None:
-                return []
+                return self._host(line, ts, source or self.source, line_no)
             parsed, line = found
         if parsed.kind == "sxid":
             now = self._sxid_seen[(parsed.pci_bus_id, parsed.code)] = self._time(parsed, ts)
@@ -131,7 +136,7 @@ class KernelLogParser:
         self.stats["fell_off_text"] += 1
         return parsed
 
-    def _time(self, parsed: ParsedXid, ts: float | None) -> float:
+    def _time(self, parsed: ParsedXid | ParsedHost, ts: float | None) -> float:
         if ts is None and parsed.wall_ts is not None:
             ts = parsed.wall_ts
         if ts is None and parsed.syslog_stamp is not None:
@@ -152,21 +157,39 @@ class KernelLogParser:
             return None
         return ts
 
-    def _emit(self, parsed: ParsedXid, line: str, ts: float | None, source: str,
-              line_no: int | None) -> list[Detection]:
-        ts = self._time(parsed, ts)
-        same_fault = "" if parsed.kind == "xid" and parsed.code == FELL_OFF_CODE else parsed.message
-        key = (parsed.kind, parsed.code, parsed.pci_bus_id, parsed.gpu_instance, same_fault)
+    def _repeat(self, key: tuple, ts: float) -> bool:
+        """True, and counted in `repeats`, when `key` was last emitted within `dedup_window_s` of `ts`."""
         last = self._last_emit.get(key)
         if last is not None and abs(ts - last) < self.dedup_window_s:
             self.repeats[key] += 1
             self.stats["repeats"] += 1
-            return []
+            return True
         self._last_emit[key] = ts
         if len(self._last_emit) > self._prune_at:
             self._last_emit = {k: t for k, t in self._last_emit.items() if abs(ts - t) < self.dedup_window_s}
             # Prune again only once the table has doubled: a storm of distinct lines stays linear, not quadratic.
             self._prune_at = max(4096, 2 * len(self._last_emit))
+        return False
+
+    def _host(self, line: str, ts: float | None, source: str, line_no: int | None) -> list[Detection]:
+        parsed = parse_host_line(line)
+        if parsed is None:
+            return []
+        self.stats["host_matched"] += 1
+        ts = self._time(parsed, ts)
+        if self._repeat(("host", parsed.subsystem, parsed.code, parsed.device, parsed.message), ts):
+            return []
+        event = HostEvent(**self.labels, ts=ts, subsystem=parsed.subsystem, code=parsed.code, device=parsed.device,
+                          severity=parsed.severity, message=parsed.message, raw_line=line[:TEXT_MAX], source=source)
+        self.stats["host_events"] += 1
+        return [Detection(event, parsed, line_no)]
+
+    def _emit(self, parsed: ParsedXid, line: str, ts: float | None, source: str,
+              line_no: int | None) -> list[Detection]:
+        ts = self._time(parsed, ts)
+        same_fault = "" if parsed.kind == "xid" and parsed.code == FELL_OFF_CODE else parsed.message
+        if self._repeat((parsed.kind, parsed.code, parsed.pci_bus_id, parsed.gpu_instance, same_fault), ts):
+            return []
         pci = parsed.pci_bus_id
         event = XidEvent(
             **self.labels, ts=ts, kind=parsed.kind, code=parsed.code, pci_bus_id=pci,

@@ -49,7 +49,7 @@ def test_a_json_file_and_the_defaults(tmp_path):
     d = load_agent_settings()
     assert d.agent_interval_s == 10.0 and d.agent_metrics_port == 9464 and d.agent_host
     assert d.agent_status_every_s == 60.0
-    assert d.agent_collectors == ["nvml", "nvml_xid", "kernel_log", "nccl_inspector"]
+    assert d.agent_collectors == ["nvml", "nvml_xid", "kernel_log", "nccl_inspector", "infiniband"]
 
 
 @pytest.mark.parametrize(("text", "suffix", "message"), [

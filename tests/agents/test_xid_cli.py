@@ -45,6 +45,15 @@ def test_parse_prints_one_json_object_per_sample_line(sample):
     assert "20 lines, 20 events, 0 repeats" in proc.stderr
 
 
+def test_parse_prints_only_the_xid_events_of_a_log_with_host_lines(sample):
+    rows, log = sample
+    host = ("mlx5_core 0000:1a:00.0: poll_health:955:(pid 0): device's health compromised - reached miss count\n"
+            "nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff\n")
+    proc = run_cli("parse", stdin=host + log.read_text())
+    assert proc.returncode == 0, proc.stderr
+    assert [orjson.loads(line)["line"] for line in proc.stdout.splitlines()] == list(range(3, 23))
+
+
 def test_parse_reads_stdin_and_counts_repeats(sample, reference_dir):
     rows, log = sample
     context = (reference_dir / "xid_context_lines.tsv").read_text().splitlines()
