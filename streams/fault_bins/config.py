@@ -43,6 +43,21 @@ class FaultBinConfig(BaseModel):
     # NVLink recovery (link retrain) errors: DCGM treats any as critical (DCGM_LIMIT_MAX_NVLINK_ERROR 1).
     nvlink_recovery_max: int = Field(default=0, ge=0, description="recoveries tolerated per window")
     nvlink_recovery_window_s: float = Field(default=60.0, gt=0)
+    # InfiniBand/RoCE ports (streams/fault_bins/host_rules.py). A port seen ACTIVE that has not been ACTIVE in any
+    # sample for this long is down: a link that drops and retrains within it is a flap (which ib_link_flap counts).
+    link_down_s: float = Field(default=60.0, ge=0, le=DAY_S)
+    # A link that drops and retrains this many times within the window goes to a person; fewer are recorded (retry).
+    # Each drop crashes the collectives over it, and a healthy link does not drop at all.
+    flap_limit: int = Field(default=3, ge=1, le=100)
+    flap_window_s: float = Field(default=3600.0, gt=0, le=DAY_S)
+    # An ACTIVE port below the best rate it was seen at, in every sample for this long: degraded.
+    degraded_s: float = Field(default=60.0, ge=0, le=DAY_S)
+    # Physical-layer errors (symbol, link recovery, integrity, receive) above this rate over the window: inspect.
+    # fleetpulse's default, not a vendor's: a clean HDR/NDR link counts none in an hour.
+    phy_errors_per_min: float = Field(default=10.0, gt=0)
+    phy_window_s: float = Field(default=300.0, gt=0, le=DAY_S)
+    # A port not read for this long may have been through a reboot: it must be seen ACTIVE again before it counts.
+    port_gap_s: float = Field(default=120.0, gt=0, le=DAY_S)
     # An XID older than the host's newest applied XID by more than this is a replay; within it, a digest decides.
     xid_replay_slack_s: float = Field(default=2.0, ge=0, le=3600)
     xid_digests_max: int = Field(default=256, ge=8, le=10_000)
@@ -83,6 +98,17 @@ def rule_table(c: FaultBinConfig) -> list[tuple[str, str, str]]:
          f"nvlink_recovery_max={c.nvlink_recovery_max}, nvlink_recovery_window_s={c.nvlink_recovery_window_s:g}"),
         ("gpu_lost", "a GPU seen before is missing from consecutive host samples -> reboot",
          f"lost_after_samples={c.lost_after_samples}"),
+        ("ib_link_down", "an InfiniBand/RoCE port seen ACTIVE has not been ACTIVE in any sample for a while -> inspect",
+         f"link_down_s={c.link_down_s:g}, port_gap_s={c.port_gap_s:g}"),
+        ("ib_link_flap", "a port's link_downed counter grew (retry); flap_limit times within the window -> inspect",
+         f"flap_limit={c.flap_limit}, flap_window_s={c.flap_window_s:g}"),
+        ("ib_rate_degraded", "an ACTIVE port below the best rate it ran at, in every sample for a while -> inspect",
+         f"degraded_s={c.degraded_s:g}"),
+        ("ib_phy_errors", f"a port's physical-layer error counters rose more than "
+         f"{c.phy_errors_per_min * c.phy_window_s / 60:g} within any {c.phy_window_s:g} s -> inspect",
+         f"phy_errors_per_min={c.phy_errors_per_min:g}, phy_window_s={c.phy_window_s:g}"),
+        ("host_event", "a kernel-log line about the NIC, disks, filesystems, CPUs or memory -> the bin of its code "
+         "(streams/fault_bins/host_rules.py HOST_EVENT_BINS)", "-"),
         ("escalation_repeat", "the same reset/reboot fault on one GPU N times in the window -> replace",
          (f"repeat_n={c.repeat_n}, repeat_n_by_code={c.repeat_n_by_code}, repeat_window_s={c.repeat_window_s:g}, "
           f"incident_gap_s={c.incident_gap_s:g}")),

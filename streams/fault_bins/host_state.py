@@ -87,6 +87,39 @@ class GpuMemo:
 
 
 @dataclass
+class PortMemo:
+    """What the rules remember of one port (key 'mlx5_0/1'): its last reading and the episodes it is in."""
+
+    ts: float = 0.0
+    active: bool = False  # seen ACTIVE since the host (re)started: only then is a port that is not a fault
+    best_gbps: float = 0.0  # the highest rate seen while ACTIVE: what the cable and the switch port can do
+    down: int = 0  # consecutive samples not ACTIVE (while `active`)
+    down_since: float | None = None  # the first of them
+    slow: int = 0  # consecutive ACTIVE samples below best_gbps
+    slow_since: float | None = None  # the first of them
+    told: list[str] = field(default_factory=list)  # episodes already reported: "down", "slow"
+    downed: int | None = None  # link_downed at ts
+    flaps: list[float] = field(default_factory=list)  # times link_downed grew, within flap_window_s
+    errs: list[list] = field(default_factory=list)  # [ts, [each PHY_ERRORS counter]] readings within phy_window_s
+
+    def restart(self) -> None:
+        """The host (or its driver) restarted: counters start again and the port must be seen ACTIVE again; what it
+        ran at and the drops it had stay known."""
+        self.active, self.down, self.down_since, self.slow, self.slow_since = False, 0, None, 0, None
+        self.told, self.downed, self.errs = [], None, []
+
+    def to_json(self) -> list:
+        return [self.ts, self.active, self.best_gbps, self.down, self.down_since, self.slow, self.slow_since,
+                self.told, self.downed, self.flaps, self.errs]
+
+    @classmethod
+    def from_json(cls, raw: list) -> PortMemo:
+        ts, active, best, down, since, slow, slow_since, told, downed, flaps, errs = raw
+        return cls(ts, active, best, down, since, slow, slow_since, list(told), downed, list(flaps),
+                   [[t, list(v)] for t, v in errs])
+
+
+@dataclass
 class HostState:
     """One host's fault-bin state (the table value, keyed by host); `clock` is the newest event time applied."""
 
@@ -99,6 +132,11 @@ class HostState:
     gpus: dict[str, GpuMemo] = field(default_factory=dict)
     open: dict[str, Window] = field(default_factory=dict)
     written: float = 0.0  # clock when this state was last handed out to be written
+    nwm: float = 0.0  # newest NetSample time applied
+    nseq: int = -1  # its seq: one that goes back is a restarted agent (the host may have rebooted)
+    hwm: float = 0.0  # newest HostEvent time applied (its own: the kernel's host lines and XIDs come on two topics)
+    hdigests: dict[str, float] = field(default_factory=dict)  # HostEvents applied within the replay slack of hwm
+    ports: dict[str, PortMemo] = field(default_factory=dict)  # "mlx5_0/1" -> the port's memory
     dirty: bool = field(default=False, compare=False)  # changed in a way a rule reads (not serialised)
 
     def memo(self, gpu: str) -> GpuMemo:
@@ -110,7 +148,9 @@ class HostState:
     def to_json(self) -> dict:
         return {"v": VERSION, "rack": self.rack, "clock": self.clock, "swm": self.swm, "xwm": self.xwm,
                 "dig": self.digests, "drv": self.driver, "gpus": {k: m.to_json() for k, m in self.gpus.items()},
-                "open": {k: w.to_json() for k, w in self.open.items()}, "wr": self.written}
+                "open": {k: w.to_json() for k, w in self.open.items()}, "wr": self.written, "nwm": self.nwm,
+                "nseq": self.nseq, "hwm": self.hwm, "hdig": self.hdigests,
+                "ports": {k: p.to_json() for k, p in self.ports.items()}}
 
     @classmethod
     def from_json(cls, raw: dict | None) -> HostState:
@@ -118,7 +158,9 @@ class HostState:
             return cls()
         return cls(raw["rack"], raw["clock"], raw["swm"], raw["xwm"], dict(raw["dig"]), raw["drv"],
                    {k: GpuMemo.from_json(m) for k, m in raw["gpus"].items()},
-                   {k: Window.from_json(w) for k, w in raw["open"].items()}, raw["wr"])
+                   {k: Window.from_json(w) for k, w in raw["open"].items()}, raw["wr"], raw.get("nwm", 0.0),
+                   raw.get("nseq", -1), raw.get("hwm", 0.0), dict(raw.get("hdig", {})),  # .get: older states
+                   {k: PortMemo.from_json(p) for k, p in raw.get("ports", {}).items()})
 
     def copy(self) -> HostState:
         return HostState.from_json(self.to_json())

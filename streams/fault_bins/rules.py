@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from schemas.analytics import FaultBin, FaultEvent
-from schemas.topics import SAMPLES, XID
+from schemas.topics import HOST_EVENTS, NET, SAMPLES, XID
 from schemas.xid_catalog import RECOVERY_ACTIONS, first_bin, lookup
 from streams.fault_bins.counters import apply_sample, rate_rules
 from streams.fault_bins.config import FaultBinConfig
+from streams.fault_bins.host_rules import apply_net, host_event_finding
 from streams.fault_bins.host_state import Finding, GpuMemo, HostState, close_due, norm_pci, record
 
 FATAL = frozenset({FaultBin.RESET.value, FaultBin.REBOOT.value})
@@ -23,7 +24,8 @@ RULES = {"WORKFLOW_XID_45": "workflow_45", "WORKFLOW_NVLINK5_ERR": "workflow_nvl
 _SEVERITY_74 = re.compile(r"NVLink: (?P<sev>[Nn]on-?fatal|[Ff]atal) error")
 _CAUSED = re.compile(r"caused by previous Xid (?P<xid>\d+)")
 _RECOVERY = re.compile(r"GPU recovery action changed from 0x[0-9a-fA-F]+ \([^)]*\) to 0x(?P<new>[0-9a-fA-F]+)")
-Record = tuple[str, dict]  # ("xid" | "sample", checked record)
+Record = tuple[str, dict]  # ("xid" | "sample" | "net" | "host_event", checked record)
+CHECKS = {"xid": XID, "sample": SAMPLES, "net": NET, "host_event": HOST_EVENTS}
 DEFAULTS = FaultBinConfig()
 
 
@@ -133,23 +135,55 @@ def _digest(ev: dict) -> str:
     return hashlib.blake2b(ident.encode(), digest_size=8).hexdigest()
 
 
+def _host_digest(ev: dict) -> str:
+    ident = (f"{ev['ts']!r}|{ev['subsystem']}|{ev['code']}|{ev.get('device')}|{ev.get('message')}|"
+             f"{ev.get('raw_line')}|{ev.get('count')}|{ev.get('source')}")
+    return hashlib.blake2b(ident.encode(), digest_size=8).hexdigest()
+
+
+def _fresh(wm: float, digests: dict[str, float], ts: float, digest: str, config: FaultBinConfig
+           ) -> tuple[float, dict[str, float]] | None:
+    """Replay guard of one event stream: None when older than its newest applied event by more than the slack, or a
+    digest already applied; else the stream's new watermark and digests."""
+    if ts < wm - config.xid_replay_slack_s or digest in digests:
+        return None
+    wm = max(wm, ts)
+    digests[digest] = ts
+    floor = wm - config.xid_replay_slack_s
+    digests = {d: t for d, t in digests.items() if t >= floor}
+    if len(digests) > config.xid_digests_max:
+        digests = dict(sorted(digests.items(), key=lambda kv: kv[1])[-config.xid_digests_max:])
+    return wm, digests
+
+
 def _fresh_xid(st: HostState, ev: dict, config: FaultBinConfig) -> bool:
-    """Replay guard: older than the newest applied XID by more than the slack, or a digest already applied."""
-    ts, digest = ev["ts"], _digest(ev)
-    if ts < st.xwm - config.xid_replay_slack_s or digest in st.digests:
+    if (fresh := _fresh(st.xwm, st.digests, ev["ts"], _digest(ev), config)) is None:
         return False
-    st.xwm = max(st.xwm, ts)
-    st.digests[digest] = ts
-    floor = st.xwm - config.xid_replay_slack_s
-    st.digests = {d: t for d, t in st.digests.items() if t >= floor}
-    if len(st.digests) > config.xid_digests_max:
-        st.digests = dict(sorted(st.digests.items(), key=lambda kv: kv[1])[-config.xid_digests_max:])
+    st.xwm, st.digests = fresh
     return True
+
+
+def _fresh_host_event(st: HostState, ev: dict, config: FaultBinConfig) -> bool:
+    if (fresh := _fresh(st.hwm, st.hdigests, ev["ts"], _host_digest(ev), config)) is None:
+        return False
+    st.hwm, st.hdigests = fresh
+    return True
+
+
+def _replayed(st: HostState, kind: str, r: dict, config: FaultBinConfig) -> bool:
+    """A record the state has already applied: a sample or port sample at or before its watermark, an event seen."""
+    if kind == "sample":
+        return r["ts"] <= st.swm
+    if kind == "net":
+        return r["ts"] <= st.nwm
+    if kind == "xid":
+        return not _fresh_xid(st, r, config)
+    return not _fresh_host_event(st, r, config)
 
 
 def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: FaultBinConfig = DEFAULTS,
              *, now: float | None = None, owned: bool = False) -> Evaluation:
-    """Apply a batch of checked XidEvent and HostSample dicts, in the order they came, to prior per-host state: the
+    """Apply a batch of checked XidEvent, HostSample, NetSample and HostEvent dicts, in the order they came, to prior per-host state: the
     same records give the same faults in the same order however they are cut into batches (a sort within a batch
     would order across a boundary differently than inside one).
 
@@ -169,7 +203,7 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
     for kind, r in records:
         host, ts = r["host"], r["ts"]
         st = host_state(host)
-        if kind == "sample" and ts <= st.swm or kind == "xid" and not _fresh_xid(st, r, config):
+        if _replayed(st, kind, r, config):
             stats["replayed"] += 1
             continue
         stats[f"applied_{kind}"] += 1
@@ -180,11 +214,17 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
         if kind == "sample":
             st.swm = ts
             findings = apply_sample(st, host, r, config, rules)
-        else:
+        elif kind == "net":
+            st.nwm = ts
+            findings = apply_net(st, host, r, config)
+        elif kind == "xid":
             findings = [xid_finding(st, host, r, config)]
-        st.dirty = st.dirty or kind == "xid" or bool(findings or closed)
+        else:
+            findings = [host_event_finding(r, config)]
+        st.dirty = st.dirty or kind in ("xid", "host_event") or bool(findings or closed)
         for f in findings:
-            f = escalate(st.memo(f.gpu), f, ts, config)
+            if kind in ("sample", "xid"):  # GPU history; the node's recurrence is the lifecycle's (repeat offender)
+                f = escalate(st.memo(f.gpu), f, ts, config)
             stats["occurrences"] += f.count
             stats[f"rule_{f.rule}"] += 1
             if (event := record(st, host, f, ts, config)) is not None:
@@ -204,5 +244,6 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
 
 
 def check_record(obj, kind: str) -> Record:
-    """An in-memory XidEvent ('xid') or HostSample ('sample') as the rules take it, checked by its topic's validator."""
-    return kind, (XID if kind == "xid" else SAMPLES).check(obj)
+    """An in-memory record of one of the stage's inputs (CHECKS) as the rules take it, checked by its topic's
+    validator."""
+    return kind, CHECKS[kind].check(obj)

@@ -1,4 +1,5 @@
-"""The fault-bin stage: XID/SXid events and host samples (co-partitioned by host) -> binned, deduplicated faults."""
+"""The fault-bin stage: XID/SXid events, host samples, network port samples and host kernel-log events (all
+co-partitioned by host) -> binned, deduplicated faults."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from schemas.codec import encode
-from schemas.topics import FAULTS, SAMPLES, XID
+from schemas.topics import FAULTS, HOST_EVENTS, NET, SAMPLES, XID
 from streams.fault_bins.config import FaultBinConfig, fault_config
 from streams.fault_bins.host_state import HostState
 from streams.fault_bins.rules import evaluate
@@ -30,8 +31,10 @@ def step(records: Sequence[Record], state: State, cfg: FaultBinConfig) -> list[E
 
 STAGE = StageSpec(
     name="fault_bins",
-    description="XID/SXid lines and counter faults -> catalog bin, escalation, deduplicated fault events",
-    steps=(Step("telemetry", (Input(XID, "xid"), Input(SAMPLES, "sample")), step,
+    description="XID/SXid lines, GPU counters, network ports and host kernel lines -> bin, escalation, deduplicated "
+                "fault events",
+    steps=(Step("telemetry", (Input(XID, "xid"), Input(SAMPLES, "sample"), Input(NET, "net"),
+                                Input(HOST_EVENTS, "host_event")), step,
                 batch_within_s=lambda cfg: cfg.batch_within_s),),
     outputs=(FAULTS,),
     tables=(Table(HOSTS, "per-host GPU counter memory, fault history and open dedup windows (keyed by host)",
