@@ -9,7 +9,8 @@ import numpy as np
 from agents.simulator import xid
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
 from agents.simulator.gpu_state import Effects, GpuState
-from agents.simulator.kinds import NEEDS_JOB, XidFault
+from agents.simulator import host_log
+from agents.simulator.kinds import NEEDS_JOB, PORT_KINDS, XidFault
 from agents.simulator.scenario import Scenario
 from agents.simulator.truth import truth_record
 from core.errors import ConfigError
@@ -93,6 +94,18 @@ class FaultInjector:
         self.fleet, self.scenario, self.state, self.rng = fleet, scenario, state, rng
         self.run_id, self.start_ts, self.nccl = run_id, start_ts, nccl
         self.injections = [_resolve(fleet, i, spec) for i, spec in enumerate(scenario.faults)]
+        self.host_lines: list[dict] = []  # HostEvent dicts of started faults not yet taken, in time order
+        self.rebooted: list[int] = []  # hosts repaired since the last take_rebooted(): their port counters restart
+
+    def take_host_lines(self, until_ts: float) -> list[dict]:
+        """The host lines logged at or before `until_ts`, once each."""
+        due = [e for e in self.host_lines if e["ts"] <= until_ts]
+        self.host_lines = [e for e in self.host_lines if e["ts"] > until_ts]
+        return due
+
+    def take_rebooted(self) -> list[int]:
+        out, self.rebooted = self.rebooted, []
+        return out
 
     def apply(self, t_prev: float, t_now: float) -> tuple[Effects, list[dict], list[dict]]:
         """Effects for the tick at relative time t_now; events that fall in (t_prev, t_now] fire now."""
@@ -112,6 +125,8 @@ class FaultInjector:
                 self._end(inj)
             if inj.started and not inj.ended:
                 self._effect(inj, fx, t_now)
+                if spec.kind == "link_flap":
+                    self._flaps(inj, fx, t_prev, t_now)
         events.sort(key=lambda e: e["ts"])
         return fx, events, truth
 
@@ -124,6 +139,11 @@ class FaultInjector:
             if (inj.started and not inj.ended and spec.kind == "host_down" and spec.duration is None
                     and not spec.whole_rack and inj.host == host):
                 inj.ended = True
+            # a repair reseats or replaces what a port fault names, resets the NIC, replaces the disk
+            if (inj.started and not inj.ended and spec.kind in (*PORT_KINDS, "ssd_error") and spec.duration is None
+                    and inj.host == host):
+                inj.ended = True
+        self.rebooted.append(host)
 
     def _truth(self, inj: Injection) -> list[dict]:
         """The injection's truth record; a whole rack's has one per host (each with its own job), parts numbered."""
@@ -180,7 +200,20 @@ class FaultInjector:
                 out += self._log(g, ts, 79)
         if kind == "thermal_runaway":
             inj.start_temp = s.temp[inj.gpus].copy()
+        if kind in ("nic_down", "ssd_error"):
+            f = self.fleet
+            self.host_lines = sorted([*self.host_lines, *host_log.lines(
+                spec, ts, host=f.hosts[inj.host], rack=f.racks[inj.host], cluster=f.cluster)], key=lambda e: e["ts"])
         return out
+
+    def _flaps(self, inj: Injection, fx: Effects, t_prev: float, t_now: float) -> None:
+        """The drops of a flapping link that fall in (t_prev, t_now], and the errors of the bad link meanwhile."""
+        spec = inj.spec
+        times = [spec.at + k * spec.every for k in range(spec.flaps)]
+        fx.port_drops[inj.host, spec.port] += sum(t_prev < t <= t_now and t < spec.end for t in times)
+        last = min(times[-1], spec.end)  # errors between its first and its last drop: a link that drops once is clean
+        if t_prev < last:
+            fx.port_errors[inj.host, spec.port] += spec.errors_per_s * (min(t_now, last) - max(t_prev, spec.at))
 
     def _xid_repeats(self, inj: Injection, t_prev: float, t_now: float) -> list[dict]:
         spec, out = inj.spec, []
@@ -230,3 +263,8 @@ class FaultInjector:
             fx.nccl_stopped[g] = True
         elif kind == "power_surge":
             fx.power_target_w[g] = spec.power_w or SURGE_SHARE * self.fleet.device.power_limit_w
+        elif kind in ("link_down", "nic_down"):
+            fx.port_down[inj.host, spec.port] = True
+        elif kind == "link_degraded":
+            fx.port_rate[inj.host, spec.port] = min(spec.rate_gbps, np.nan_to_num(fx.port_rate[inj.host, spec.port],
+                                                                                  nan=spec.rate_gbps))

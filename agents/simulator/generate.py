@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
-from agents.simulator.kinds import FAULT_ADAPTER, HOST_WIDE, NEEDS_JOB
+from agents.simulator.kinds import FAULT_ADAPTER, HOST_WIDE, NEEDS_JOB, PORT_KINDS
 from agents.simulator.scenario import Generate, Scenario
 from core.errors import ConfigError
 
@@ -63,6 +63,8 @@ def _block(block: Generate, b: int, fleet: Fleet, rng: np.random.Generator) -> l
         fault = {**cause.fault, "at": round(t, 3), "host": host, "cause": cause.cause}
         if "gpu" not in fault and kind not in HOST_WIDE:
             fault["gpu"] = int(rng.integers(GPUS_PER_HOST))
+        if "port" not in fault and kind in PORT_KINDS:
+            fault["port"] = int(rng.integers(GPUS_PER_HOST))  # one port per GPU
         if cause.hardware is not None:
             fault["hardware"] = cause.hardware
         out.append(FAULT_ADAPTER.validate_python(fault))  # the template was validated at load with a placement

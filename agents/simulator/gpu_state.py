@@ -41,13 +41,20 @@ class Effects:
     host_up: np.ndarray  # per host; a host that is down publishes nothing (no sample, status, XID or NCCL record)
     monitor_errors: dict[int, str]  # host -> error of its failing sample collector: no sample, its status says so
     goodbye: np.ndarray  # per host; the agent is stopped in order this tick: its last status says 'stopping'
+    # per host and InfiniBand port (agents/simulator/network.py), shape (hosts, GPUS_PER_HOST): one port per GPU
+    port_down: np.ndarray  # the link is down
+    port_rate: np.ndarray  # NaN = full rate; else the rate it runs at
+    port_drops: np.ndarray  # links lost and retrained within this tick
+    port_errors: np.ndarray  # mean physical-layer errors added within this tick
 
     @classmethod
     def healthy(cls, fleet: Fleet) -> Effects:
-        n, hosts = fleet.n_gpus, fleet.n_hosts
+        n, hosts, ports = fleet.n_gpus, fleet.n_hosts, (fleet.n_hosts, GPUS_PER_HOST)
         return cls(np.full(n, fleet.device.power_limit_w), np.full(n, np.nan), np.zeros(n), np.zeros(n),
                    np.ones(n), np.ones(n, dtype=bool), np.full(n, np.nan), np.full(n, np.nan), np.ones(n),
-                   np.zeros(n, dtype=bool), np.ones(hosts, dtype=bool), {}, np.zeros(hosts, dtype=bool))
+                   np.zeros(n, dtype=bool), np.ones(hosts, dtype=bool), {}, np.zeros(hosts, dtype=bool),
+                   np.zeros(ports, dtype=bool), np.full(ports, np.nan), np.zeros(ports, dtype=np.int64),
+                   np.zeros(ports))
 
 
 class GpuState:

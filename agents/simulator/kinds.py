@@ -139,6 +139,54 @@ class MonitorBroken(_Fault):
                        description="the error the status names for the nvml collector")
 
 
+class _PortFault(_Fault):
+    """A fault of one of the host's InfiniBand ports (agents/simulator/network.py: mlx5_<port>, one per GPU)."""
+
+    takes_gpu: ClassVar[bool] = False
+    port: int = Field(default=0, ge=0, le=7, description="the port's device: mlx5_<port>")
+
+
+class LinkFlap(_PortFault):
+    """The port's link drops and retrains `flaps` times, `every` seconds apart (a loose or failing cable)."""
+
+    kind: Literal["link_flap"]
+    flaps: int = Field(default=3, ge=1, le=1000)
+    every: float = Field(default=60.0, gt=0, description="seconds between drops")
+    errors_per_s: float = Field(default=2.0, ge=0, le=1e6,
+                                description="symbol errors the bad link adds per second (no noise), from its first drop "
+                                            "to its last")
+
+
+class LinkDown(_PortFault):
+    """The port's link goes down and stays down until `duration` ends or the host is repaired (a dead cable,
+    transceiver or switch port)."""
+
+    kind: Literal["link_down"]
+
+
+class LinkDegraded(_PortFault):
+    """The port's link runs at a lower rate (a lane lost, a speed fallback) until `duration` ends or repair."""
+
+    kind: Literal["link_degraded"]
+    rate_gbps: float = Field(default=200.0, gt=0, lt=400, description="its rate meanwhile (full: 400)")
+
+
+class NicDown(_PortFault):
+    """The port's NIC firmware fails (mlx5 health compromised in the kernel log) and its link goes down until the
+    host is rebooted (repaired) or `duration` ends."""
+
+    kind: Literal["nic_down"]
+
+
+class SsdError(_Fault):
+    """The host's NVMe disk fails: command timeouts, the controller down and removed, I/O errors, and the
+    filesystem on it going read-only, in the kernel log. The host and its GPUs run on."""
+
+    kind: Literal["ssd_error"]
+    takes_gpu: ClassVar[bool] = False
+    device: str = Field(default="nvme0", pattern=r"^nvme\d{1,3}$")
+
+
 class JobCrash(_Fault):
     kind: Literal["job_crash"]
     job_needs_rank: ClassVar[bool] = False
@@ -153,13 +201,16 @@ class PowerSurge(_Fault):
 
 FaultSpec = Annotated[
     Union[XidFault, ThermalRunaway, PowerCap, SlowRank, EccDbe, RowRemapFailure, NvlinkCrc, PcieReplay, GpuLost,
-          Congestion, SensorFlap, HostDown, JobCrash, PowerSurge, MonitorBroken],
+          Congestion, SensorFlap, HostDown, JobCrash, PowerSurge, MonitorBroken, LinkFlap, LinkDown, LinkDegraded,
+          NicDown, SsdError],
     Field(discriminator="kind"),
 ]
 FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultSpec)
 KINDS = ("xid", "thermal_runaway", "power_cap", "slow_rank", "ecc_dbe", "row_remap_failure", "nvlink_crc",
          "pcie_replay", "gpu_lost", "congestion", "sensor_flap", "host_down", "job_crash", "power_surge",
-         "monitor_broken")
+         "monitor_broken", "link_flap", "link_down", "link_degraded", "nic_down", "ssd_error")
+PORT_KINDS = frozenset({"link_flap", "link_down", "link_degraded", "nic_down"})
 # generated ones get no random GPU
-HOST_WIDE = frozenset({"congestion", "host_down", "job_crash", "power_surge", "monitor_broken"})
+HOST_WIDE = frozenset({"congestion", "host_down", "job_crash", "power_surge", "monitor_broken", "ssd_error",
+                       *PORT_KINDS})
 NEEDS_JOB = frozenset({"slow_rank", "job_crash"})  # only hosts that run a job can take these

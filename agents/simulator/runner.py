@@ -22,6 +22,7 @@ from agents.simulator.fleet import build_fleet
 from agents.simulator.generate import expand
 from agents.simulator.gpu_state import GpuState
 from agents.simulator.nccl import NcclModel
+from agents.simulator.network import NET_EVERY_S, NetState
 from agents.simulator.samples import host_samples
 from agents.simulator.scenario import Scenario, load_scenario
 from agents.simulator.status import STATUS_EVERY_S, AgentStatuses
@@ -31,7 +32,7 @@ from core.settings import CommonSettings
 from schemas.analytics import InjectedFault
 from schemas.events import timings_of
 from schemas.codec import decode
-from schemas.topics import AGENT, NCCL, REMEDIATION, SAMPLES, TRUTH, XID
+from schemas.topics import AGENT, HOST_EVENTS, NCCL, NET, REMEDIATION, SAMPLES, TRUTH, XID
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Tick:
     nccl: list[dict] = field(default_factory=list)  # NcclStep dicts: one per host and collective
     truth: list[dict] = field(default_factory=list)
     agent: list[dict] = field(default_factory=list)  # AgentStatus dicts of the hosts whose agent speaks now
+    net: list[dict] = field(default_factory=list)  # NetSample dicts, on the ticks the port collector runs
+    host_events: list[dict] = field(default_factory=list)  # HostEvent dicts (NIC, disk lines) due in this tick
 
     @property
     def timings(self) -> list[dict]:
@@ -59,7 +62,8 @@ class FleetSimulator:
     Streams of randomness are split per concern, so e.g. changing the NCCL cadence leaves the telemetry as it was.
     `nccl_interval` is the simulated seconds between one rank's collective records (0 = no NCCL records);
     `status_interval` between one host agent's periodic status records (0 = no status records; agents/simulator/
-    status.py: one at start, on every change, every tick while a collector fails, a goodbye on an orderly stop).
+    status.py: one at start, on every change, every tick while a collector fails, a goodbye on an orderly stop);
+    `net_interval` between one host's port samples (NetSample, agents/simulator/network.py; 0 = none).
     The scenario's fleet block lays out the jobs and racks, and gives the host count when `hosts` is None; its
     generate blocks are drawn here, from `seed`, so `self.scenario` holds every fault the run injects.
     """
@@ -67,13 +71,16 @@ class FleetSimulator:
     def __init__(self, hosts: int | None = None, *, seed: int = 0,
                  scenario: str | Path | dict | Scenario | None = None, interval: float = 1.0,
                  start_ts: float | None = None, cluster: str = "sim", gpu_model: str = "H100",
-                 nccl_interval: float = 1.0, run_id: str | None = None, status_interval: float = STATUS_EVERY_S):
+                 nccl_interval: float = 1.0, run_id: str | None = None, status_interval: float = STATUS_EVERY_S,
+                 net_interval: float = NET_EVERY_S):
         if interval <= 0:
             raise ValueError("interval must be > 0")
         if nccl_interval < 0:
             raise ValueError("nccl_interval must be >= 0")
         if status_interval < 0:
             raise ValueError("status_interval must be >= 0")
+        if net_interval < 0:
+            raise ValueError("net_interval must be >= 0")
         scenario = load_scenario(scenario)
         hosts = scenario.plan(hosts=hosts).hosts
         self.seed, self.interval, self.nccl_interval = seed, interval, nccl_interval
@@ -92,6 +99,8 @@ class FleetSimulator:
         self.faults = FaultInjector(self.fleet, self.scenario, self.state, fault_rng,
                                     run_id=self.run_id, start_ts=self.start_ts, nccl=nccl_interval > 0)
         self.statuses = AgentStatuses(self.fleet, status_interval) if status_interval > 0 else None
+        self.net = NetState(self.fleet)
+        self.net_interval, self._next_net = net_interval, 0.0
         self._host_index = {h: i for i, h in enumerate(self.fleet.hosts)}
         self.index = 0
         self._next_collective = 0  # index of the next collective step (at nccl_interval * index)
@@ -111,6 +120,13 @@ class FleetSimulator:
         tick = Tick(k, ts, host_samples(self.fleet, self.state, ts=ts, seq=k), xid_events, [], truth)
         if self.statuses is not None:
             tick.agent = self.statuses.records(t_now, ts, effects)
+        for h in self.faults.take_rebooted():
+            self.net.rebooted(h)
+        self.net.advance(dt, effects.port_down, effects.port_rate, effects.port_drops, effects.port_errors)
+        tick.host_events = [e for e in self.faults.take_host_lines(ts) if effects.host_up[self._host_index[e["host"]]]]
+        if self.net_interval > 0 and t_now >= self._next_net - 1e-9:
+            tick.net = self.net.samples(ts=ts, seq=int(self._next_net // self.net_interval), up=effects.host_up)
+            self._next_net += self.net_interval * (np.floor((t_now - self._next_net) / self.net_interval) + 1)
         if self.nccl_interval > 0:
             slowdown = self.state.step_time_factor() * effects.compute_factor
             running = self.state.active & ~effects.nccl_stopped
@@ -152,6 +168,7 @@ class SimulationReport(BaseModel):
     sent: dict[str, int] = Field(description="records delivered per registry topic name")
     gpu_readings: int = Field(description="GPU rows inside the samples (hosts*8 per tick, less lost GPUs)")
     nccl_timings: int = Field(default=0, description="rank timings inside the NCCL step records (nccl_timings rows)")
+    net_ports: int = Field(default=0, description="port readings inside the NetSamples (net_ports rows)")
     truth: list[InjectedFault]
 
 
@@ -194,7 +211,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
     except KafkaError as exc:
         raise BrokerError(f"cannot create the topics on {settings.bootstrap}: {exc!r}") from exc
     truth: list[dict] = []
-    gpu_readings = nccl_timings = 0
+    gpu_readings = nccl_timings = net_ports = 0
     wall0 = time.monotonic()
     clock0 = time.time()
     done = 0
@@ -219,12 +236,15 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                 tick = sim.step()
                 await pub.send_many(TRUTH, tick.truth)
                 await pub.send_many(XID, tick.xid)
+                await pub.send_many(HOST_EVENTS, tick.host_events)
+                await pub.send_many(NET, tick.net)
                 await pub.send_many(AGENT, tick.agent)
                 await pub.send_many(SAMPLES, tick.samples)
                 await pub.send_many(NCCL, tick.timings if per_rank_nccl else tick.nccl)
                 truth.extend(tick.truth)
                 gpu_readings += sum(len(s["gpus"]) for s in tick.samples)
                 nccl_timings += sum(len(n["ranks"]) for n in tick.nccl)
+                net_ports += sum(len(n["ports"]) for n in tick.net)
                 if speed > 0:
                     await pub.flush()
                 else:
@@ -233,7 +253,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                 if on_tick is not None:
                     on_tick(tick, pub)
             await pub.flush()
-            sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, AGENT, TRUTH)}
+            sent = {t.name: pub.sent.get(t.name, 0) for t in (SAMPLES, XID, NCCL, AGENT, NET, HOST_EVENTS, TRUTH)}
     finally:
         if repairs is not None:
             await repairs.stop()
@@ -241,7 +261,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
         run_id=sim.run_id, scenario=sim.scenario.name, seed=seed, hosts=hosts, gpus=sim.fleet.n_gpus,
         interval=interval, ticks=done, start_ts=sim.start_ts, end_ts=sim.start_ts + max(done - 1, 0) * interval,
         wall_s=round(time.monotonic() - wall0, 3), stopped_early=done < ticks, topic_prefix=settings.topic_prefix,
-        sent=sent, gpu_readings=gpu_readings, nccl_timings=nccl_timings,
+        sent=sent, gpu_readings=gpu_readings, nccl_timings=nccl_timings, net_ports=net_ports,
         truth=[InjectedFault.model_validate(t) for t in truth],
     )
 

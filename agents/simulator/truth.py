@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from agents.simulator import xid
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
 from agents.simulator.kinds import COMMON_FIELDS
+from agents.simulator.network import NET_EVERY_S
 
 # Tokens per kind (README "Ground truth"). Kinds with [] show nothing a current detector looks for: a slow link
 # leaves no GPU signal, and only the scenario knows a rack's power budget. host_down is a host that goes silent with no
@@ -27,7 +29,25 @@ EXPECTED = {
     "job_crash": [],  # + alert:JobStalled when the run publishes NCCL records (stalls_job)
     "power_surge": [],
     "monitor_broken": ["alert:MonitorBroken"],
+    # InfiniBand ports and host kernel lines (streams/fault_bins/host_rules.py): a link going down counts as a drop
+    # (ib_link_flap, recorded) before it is down for good (ib_link_down); a failed NIC logs command timeouts, then its
+    # fatal error (drained for a reboot), then its link is down; a failing disk logs each stage of its failure.
+    "link_down": ["fault:ib_link_flap", "fault:ib_link_down", "bin:inspect", "drain"],
+    "link_degraded": ["fault:ib_rate_degraded", "bin:inspect", "drain"],
+    "nic_down": ["fault:mlx5_cmd_timeout", "fault:mlx5_health_compromised", "fault:ib_link_flap", "fault:ib_link_down",
+                 "bin:inspect", "drain"],  # drained for a reboot, then its dead link asks for a person
+    "ssd_error": ["fault:nvme_timeout", "fault:nvme_controller_down", "fault:block_io_error", "fault:fs_error",
+                  "fault:fs_readonly", "bin:reboot", "drain"],
+    "link_flap": ["fault:ib_link_flap"],  # + bin:inspect and drain at FLAP_LIMIT drops within the hour
 }
+# Port rules' defaults (streams/fault_bins/config.py) against the simulator's port samples at every multiple of
+# NET_EVERY_S (30 s, for intervals that divide it): a link seen down from one sample to one link_down_s (60 s) later,
+# a rate below the port's best as long, the 3rd drop within an hour, physical-layer errors rising more than 50 within
+# 5 min (a flapping link's, from its first drop to its last). A port fault from t = 0 is in the first sample, which
+# the rules take as the port's baseline (never seen ACTIVE, its full rate unseen, its drop already counted).
+FLAP_LIMIT, FLAP_WINDOW_S = 3, 3600.0
+LINK_DOWN_S = DEGRADED_S = 60.0
+PHY_ERRORS_PER_WINDOW, PHY_WINDOW_S = 50.0, 300.0
 RACK_DOWN = ["alert:RackSilent"]  # a whole rack silent at once: one alert for the rack, no host fault, no drain
 JOB_STALLED = "alert:JobStalled"
 # A silence or a stall shorter than this clears before the silence stage's thresholds by design (streams/silence/
@@ -40,7 +60,7 @@ SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank 
 STRAGGLER_MIN_S = 120.0
 # A busy link, a crashed process, a heavy load, a failing monitoring library; an announced host_down (maintenance)
 # is not hardware either (expected_tokens).
-NOT_HARDWARE = {"congestion", "job_crash", "power_surge", "monitor_broken"}
+NOT_HARDWARE = {"congestion", "job_crash", "power_surge", "monitor_broken"}  # port, NIC and disk faults are hardware
 # Bins that take the node out of service: the GPU needs a reset, a reboot, a person or a new part.
 DRAIN_BINS = {"reset", "reboot", "inspect", "replace"}
 
@@ -97,12 +117,56 @@ def _tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
         # one rack alert (its switch, not its hosts: nothing to drain); a short outage clears before it is silence
         alert = spec.whole_rack and not spec.announced and lasts(spec, SILENCE_MIN_S)
         return (list(RACK_DOWN) if alert else []), not spec.announced
+    if spec.kind in ("link_flap", "link_down", "link_degraded"):
+        return _port_tokens(spec), True
+    if spec.kind == "nic_down" and (spec.at == 0 or not _sampled_for(spec, LINK_DOWN_S)):
+        # its link never seen up (down from the first sample), or back before it counts as down: the NIC's lines
+        keep = [t for t in EXPECTED["nic_down"] if t not in ("fault:ib_link_down", "bin:inspect")]
+        keep = [t for t in keep if spec.at > 0 or t != "fault:ib_link_flap"]
+        return [*keep[:-1], "bin:reboot", keep[-1]], True
     tokens = [t for t in EXPECTED[spec.kind] if ranked or t != "straggler"]
     if spec.kind in SLOWS_RANK and ranked and lasts(spec, STRAGGLER_MIN_S):
         tokens.append("straggler")
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c:
         tokens.append("alert:thermal")
     return tokens, spec.kind not in NOT_HARDWARE
+
+
+def _sampled_for(spec, seconds: float) -> bool:
+    """Two port samples at least `seconds` apart fall within the fault."""
+    first = math.ceil(spec.at / NET_EVERY_S) * NET_EVERY_S
+    return first + seconds < spec.end
+
+
+def _phy_errors_seen(spec, drops: list[float]) -> bool:
+    """The port rule's errors (symbol errors at `errors_per_s` from the first drop to the last, plus a link error
+    recovery per drop) rise more than its limit between two port samples at most PHY_WINDOW_S apart."""
+    last = drops[-1] if drops else spec.at
+
+    def errors(t: float) -> int:
+        return math.floor(spec.errors_per_s * (min(t, last) - spec.at)) + sum(d <= t for d in drops) if t >= spec.at \
+            else 0
+
+    step = int(PHY_WINDOW_S // NET_EVERY_S)
+    samples = [k * NET_EVERY_S for k in range(int(last // NET_EVERY_S) + step + 2)]
+    return any(errors(b) - errors(a) > PHY_ERRORS_PER_WINDOW
+               for i, a in enumerate(samples) for b in samples[i + 1:i + 1 + step])
+
+
+def _port_tokens(spec) -> list[str]:
+    """What the port samples (every NET_EVERY_S from t = 0, the first a baseline) can show of a port fault."""
+    if spec.kind == "link_flap":
+        drops = [t for t in (spec.at + k * spec.every for k in range(spec.flaps)) if t < spec.end]
+        counted = [t for t in drops if t > 0]  # a drop at t = 0 is in the first sample's counter already
+        inspect = any(sum(0 <= t - t0 < FLAP_WINDOW_S for t in counted) >= FLAP_LIMIT for t0 in counted)
+        noisy = _phy_errors_seen(spec, drops)
+        return [*(["fault:ib_link_flap"] if counted else []), *(["fault:ib_phy_errors"] if noisy else []),
+                *(["bin:inspect", "drain"] if inspect or noisy else [])]
+    if spec.kind == "link_down":
+        if spec.at == 0:  # down from the first sample: never seen ACTIVE, so no fault of its
+            return []
+        return list(EXPECTED["link_down"]) if _sampled_for(spec, LINK_DOWN_S) else ["fault:ib_link_flap"]
+    return list(EXPECTED["link_degraded"]) if spec.at > 0 and _sampled_for(spec, DEGRADED_S) else []
 
 
 def truth_record(*, run_id: str, number: int, spec, fleet: Fleet, host: int, gpus, job: str | None,

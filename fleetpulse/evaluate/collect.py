@@ -31,7 +31,7 @@ QUERIES = {
     "xid": "SELECT host, gpu_index, code, toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts FROM xid_events",
     "usable_compute": "SELECT toFloat64(minute_ts) AS minute_ts, nodes, usable_compute, breakdown FROM usable_compute",
 }
-COUNTS = ("gpu_samples", "xid_events", "nccl_timings", "agent_status", "sim_truth", "health_scores", "faults",
+COUNTS = ("gpu_samples", "xid_events", "nccl_timings", "agent_status", "net_ports", "host_events", "sim_truth", "health_scores", "faults",
           "stragglers", "alerts", "node_states", "drain_events", "remediation_results", "usable_compute")
 
 
@@ -88,6 +88,7 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
     return {
         "scenario": p.scenario.name, "seed": p.seed, "run": ev.tag, "database": ev.database,
         "topic_prefix": ev.settings.topic_prefix,
+        "window": {"start_ts": run.start_ts, "end_ts": run.end_ts},  # the minutes the run's figures cover
         "fleet": {"hosts": p.hosts, "gpus": sim["fleet_gpus"], "interval_s": p.interval_s,
                   "nccl_interval_s": p.nccl_interval_s},
         "pace": {"simulated_s": simulated, "ticks": sim["ticks"], **ev.timings,
@@ -99,6 +100,8 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
             "xid_lines": {"sent": sent.get("fleet.telemetry.xid", 0), "stored": counts.get("xid_events")},
             "nccl_timings": {"sent": sim["nccl_timings"], "stored": counts.get("nccl_timings")},
             "agent_status": {"sent": sent.get("fleet.telemetry.agent", 0), "stored": counts.get("agent_status")},
+            "net_ports": {"sent": sim.get("net_ports", 0), "stored": counts.get("net_ports")},
+            "host_lines": {"sent": sent.get("fleet.telemetry.host_events", 0), "stored": counts.get("host_events")},
             "truth": {"sent": len(sim["truth"]), "stored": counts.get("sim_truth")},
             "dead_letters": {t: st.dead_letters for t, st in sink.stats.tables.items() if st.dead_letters},
             # at-least-once: a worker that dies re-emits what it had not committed, under the same stable id

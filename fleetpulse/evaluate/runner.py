@@ -38,7 +38,7 @@ from core.settings import CommonSettings, load
 from fleetpulse.stack import Child
 from schemas.codec import decode
 from schemas.tables import TABLE_BY_TOPIC
-from schemas.topics import AGENT, DRAIN, NCCL, REMEDIATION, SAMPLES, TOPICS, TRUTH, XID
+from schemas.topics import AGENT, DRAIN, HOST_EVENTS, NCCL, NET, REMEDIATION, SAMPLES, TOPICS, TRUTH, XID
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
@@ -171,8 +171,8 @@ class Evaluation:
         sim = FleetSimulator(p.hosts, seed=p.seed, scenario=p.scenario, interval=p.interval_s,
                              nccl_interval=p.nccl_interval_s, start_ts=float(int(time.time())))
         ticks = max(1, round(p.duration_s / p.interval_s))
-        stats = {"start_ts": sim.start_ts, "ticks": 0, "truth": [], "gpu_readings": 0, "nccl_timings": 0, "max_lag": 0,
-                 "lag_waits_s": 0.0, "run_id": sim.run_id, "fleet_gpus": sim.fleet.n_gpus}
+        stats = {"start_ts": sim.start_ts, "ticks": 0, "truth": [], "gpu_readings": 0, "nccl_timings": 0, "net_ports": 0,
+                 "max_lag": 0, "lag_waits_s": 0.0, "run_id": sim.run_id, "fleet_gpus": sim.fleet.n_gpus}
         wall0 = time.monotonic()
         async with Publisher(s, client_id=f"fleetpulse-evaluate-{self.tag}") as pub:
             for k in range(ticks):
@@ -181,11 +181,13 @@ class Evaluation:
                     await self._kill_worker(pub)
                 if p.speed > 0:  # a real fleet's pace (speed 1) or a multiple of it: each record at its own time
                     await self._paced(pub, tick, wall0, sim.start_ts)
-                else:  # flat out: the tick's injections and XID lines go out just before its samples
+                else:  # flat out: the tick's injections and kernel lines go out just before its samples
                     await pub.send_many(TRUTH, tick.truth)
                     await pub.send_many(XID, tick.xid)
+                    await pub.send_many(HOST_EVENTS, tick.host_events)
                 await pub.send_many(AGENT, tick.agent)
                 await pub.send_many(SAMPLES, tick.samples)
+                await pub.send_many(NET, tick.net)
                 await pub.send_many(NCCL, tick.nccl)
                 for result in self.bot.due(tick.ts):
                     await pub.send(REMEDIATION, result)
@@ -196,8 +198,10 @@ class Evaluation:
                 stats["truth"] += tick.truth
                 stats["gpu_readings"] += sum(len(x["gpus"]) for x in tick.samples)
                 stats["nccl_timings"] += sum(len(x["ranks"]) for x in tick.nccl)
+                stats["net_ports"] += sum(len(x["ports"]) for x in tick.net)
                 stats["end_ts"] = tick.ts
-                stats["lag_limit"] = p.lag_limit(len(tick.samples) + len(tick.xid) + len(tick.nccl) + len(tick.agent))
+                stats["lag_limit"] = p.lag_limit(len(tick.samples) + len(tick.xid) + len(tick.nccl) + len(tick.agent)
+                                                 + len(tick.net) + len(tick.host_events))
                 lag = await self._hold(watch, stream_inputs, stats)
                 self.progress.say(f"t={tick.ts - sim.start_ts:.0f}/{p.duration_s:g} s simulated, "
                                   f"{len(stats['truth'])} faults injected, worker {lag} records behind, "
@@ -208,11 +212,12 @@ class Evaluation:
     async def _paced(self, pub: Publisher, tick, wall0: float, start_ts: float) -> None:
         """Publish the tick's injections and XID lines when their simulated time comes, then wait for the tick.
 
-        A kernel logs an XID the moment it happens, between two samples, not with them; publishing it at its own
-        time lets XID -> drain latency meet the pipeline as a real fleet's would, idle or mid-burst by chance."""
+        A kernel logs an XID (or a NIC or disk line) the moment it happens, between two samples, not with them;
+        publishing it at its own time lets XID -> drain latency meet the pipeline as a real fleet's would, idle or
+        mid-burst by chance."""
         due = lambda ts: wall0 + (ts - start_ts) / self.plan.speed  # noqa: E731
-        for topic, rec in sorted([(TRUTH, t) for t in tick.truth] + [(XID, x) for x in tick.xid],
-                                 key=lambda e: e[1]["ts"]):
+        lines = [(TRUTH, t) for t in tick.truth] + [(XID, x) for x in tick.xid]
+        for topic, rec in sorted(lines + [(HOST_EVENTS, e) for e in tick.host_events], key=lambda e: e[1]["ts"]):
             await asyncio.sleep(max(0.0, due(rec["ts"]) - time.monotonic()))
             await pub.send(topic, rec)
             await pub.flush()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 from agents.simulator import FleetSimulator
 from agents.simulator.gpu_state import HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
@@ -187,3 +188,89 @@ def test_a_completed_repair_clears_what_a_reset_clears_and_a_replacement_the_res
     sim.repaired(sim.fleet.hosts[1], "replace")
     gpu = sim.step().samples[1]["gpus"][1]
     assert (gpu["row_remap_failure"], gpu["ecc_dbe_aggregate"]) == (False, 0)
+
+
+def port_of(tick, host: int, port: int) -> dict:
+    [sample] = [n for n in tick.net if n["host"] == f"gpu-node-{host:04d}"]
+    return sample["ports"][port]
+
+
+def test_every_host_reports_its_eight_ib_ports_every_30_s_and_they_pass_the_topic_check():
+    from schemas.topics import NET
+    ticks = run(sim_with([], hosts=3, interval=10.0), 7)
+    assert [len(t.net) for t in ticks] == [3, 0, 0, 3, 0, 0, 3]
+    for n in ticks[3].net:
+        NET.check(n)
+        assert [(p["device"], p["state"], p["rate_gbps"], p["link_downed"]) for p in n["ports"]] == [
+            (f"mlx5_{i}", "ACTIVE", 400.0, 0) for i in range(8)]
+    assert port_of(ticks[6], 0, 0)["port_xmit_data"] > port_of(ticks[3], 0, 0)["port_xmit_data"] > 0
+
+
+def test_port_faults_show_in_state_rate_and_counters_and_a_repair_ends_them():
+    faults = [{"kind": "link_flap", "at": 20, "host": 0, "port": 1, "flaps": 3, "every": 60},
+              {"kind": "link_down", "at": 20, "host": 1, "port": 2},
+              {"kind": "link_degraded", "at": 20, "host": 2, "port": 3, "rate_gbps": 200}]
+    sim = sim_with(faults, hosts=3, interval=10.0)
+    ticks = run(sim, 25)
+    flap = [port_of(t, 0, 1)["link_downed"] for t in ticks if t.net]
+    assert flap == [0, 1, 1, 2, 2, 3, 3, 3, 3][:len(flap)]  # drops at 20, 80, 140 s; samples every 30 s and port_of(ticks[-1], 0, 1)["symbol_error"] > 0
+    assert port_of(ticks[3], 1, 2)["state"] == "DOWN" and port_of(ticks[3], 1, 2)["link_downed"] == 1
+    assert port_of(ticks[3], 2, 3)["rate_gbps"] == 200.0 and port_of(ticks[3], 2, 3)["rate"] == "200 Gb/sec (2X NDR)"
+    assert port_of(ticks[3], 0, 0)["state"] == "ACTIVE" and port_of(ticks[3], 1, 3)["state"] == "ACTIVE"
+    sim.repaired("gpu-node-0001", "repair")
+    after = [sim.step() for _ in range(3)][-1]
+    assert port_of(after, 1, 2)["state"] == "ACTIVE" and port_of(after, 1, 2)["link_downed"] == 0  # counters reset
+    truth = {r["kind"]: r["expected"] for t in ticks for r in t.truth}
+    assert truth == {"link_flap": ["fault:ib_link_flap", "fault:ib_phy_errors", "bin:inspect", "drain"],
+                     "link_down": ["fault:ib_link_flap", "fault:ib_link_down", "bin:inspect", "drain"],
+                     "link_degraded": ["fault:ib_rate_degraded", "bin:inspect", "drain"]}
+
+
+PORT_GRID = [
+    {"kind": "link_degraded", "at": 0}, {"kind": "link_degraded", "at": 40}, {"kind": "link_degraded", "at": 40,
+                                                                               "duration": 50},
+    {"kind": "link_down", "at": 0}, {"kind": "link_down", "at": 25}, {"kind": "link_down", "at": 25, "duration": 50},
+    {"kind": "link_down", "at": 30, "duration": 61}, {"kind": "nic_down", "at": 0}, {"kind": "nic_down", "at": 45},
+    {"kind": "nic_down", "at": 45, "duration": 40},
+    {"kind": "link_flap", "at": 0, "flaps": 3, "every": 200, "errors_per_s": 0},
+    {"kind": "link_flap", "at": 20, "flaps": 1}, {"kind": "link_flap", "at": 20, "flaps": 3, "every": 600,
+                                                  "errors_per_s": 0},
+    {"kind": "link_flap", "at": 20, "flaps": 2, "every": 120, "errors_per_s": 0.4},  # 48 errors + 2 drops: 50
+    {"kind": "link_flap", "at": 20, "flaps": 4, "every": 40, "errors_per_s": 0.4},  # 48 errors + 3 drops: 51
+    {"kind": "link_flap", "at": 250, "flaps": 2, "every": 100, "errors_per_s": 0.6},
+]
+
+
+@pytest.mark.parametrize("fault", PORT_GRID, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_port_fault_truth_is_what_the_fault_bin_rules_find_in_the_simulated_samples(fault):
+    """The simulator's truth and the real rules (streams/fault_bins) agree on every port fault of the grid: the
+    codes found on the host are the truth's fault tokens, and a drain bin is found exactly when it expects a drain."""
+    from streams.fault_bins.rules import DEFAULTS, check_record, evaluate
+    sim = sim_with([{"host": 0, "port": 2, **fault}], hosts=1, interval=10.0)
+    records, truth, state, found = [], [], {}, []
+    for tick in run(sim, 200):
+        truth += tick.truth
+        records = [check_record(e, "host_event") for e in tick.host_events] + [check_record(n, "net") for n in
+                                                                                tick.net]
+        result = evaluate(records, state, DEFAULTS)
+        state.update(result.state)
+        found += result.faults
+    [t] = truth
+    assert {f"fault:{f.code}" for f in found} == {tok for tok in t["expected"] if tok.startswith("fault:")}, found
+    assert any(f.bin in ("reset", "reboot", "inspect", "replace") for f in found) == ("drain" in t["expected"])
+
+
+def test_a_failed_nic_and_a_failed_disk_log_lines_the_agents_parser_reads_at_their_own_time():
+    from schemas.topics import HOST_EVENTS
+    ticks = run(sim_with([{"kind": "nic_down", "at": 15, "host": 1, "port": 4},
+                          {"kind": "ssd_error", "at": 15, "host": 2, "device": "nvme1"}], hosts=3, interval=10.0), 10)
+    events = [(t.index, e) for t in ticks for e in t.host_events]
+    for k, e in events:
+        HOST_EVENTS.check(e)
+        assert e["ts"] <= TS0 + 10 * k  # never ahead of the tick that publishes it
+    nic = [(e["code"], e["device"]) for _, e in events if e["host"] == "gpu-node-0001"]
+    assert nic == [("mlx5_cmd_timeout", "0000:9c:00.0"), ("mlx5_health_compromised", "0000:9c:00.0")]
+    disk = [e["code"] for _, e in events if e["host"] == "gpu-node-0002"]
+    assert disk == ["nvme_timeout", "nvme_timeout", "nvme_controller_down", "nvme_controller_down", "block_io_error",
+                    "fs_error", "fs_readonly"]
+    assert port_of(ticks[3], 1, 4)["state"] == "DOWN"

@@ -30,7 +30,8 @@ async def test_simulate_publishes_exactly_one_sample_per_host_per_tick(settings_
     assert report.ticks == 10 and report.gpus == 40 and not report.stopped_early
     assert report.sent == {"fleet.telemetry.samples": 50, "fleet.telemetry.xid": 2,  # one step record per host:
                            "fleet.telemetry.nccl": 7 * 5, "fleet.sim.truth": 1,
-                           "fleet.telemetry.agent": 5}  # each agent's status at start (the next is due at 60 s)
+                           "fleet.telemetry.agent": 5,  # each agent's status at start (the next is due at 60 s)
+                           "fleet.telemetry.net": 5, "fleet.telemetry.host_events": 0}  # ports: at 0 s, next at 30 s
     assert report.nccl_timings == 7 * 40  # the job's collectives stop while a GPU is lost
     assert report.gpu_readings == 50 * 8 - 3  # GPU 2 of host 1 is absent from 3 samples
     samples = await consume_all(settings, SAMPLES, 50)

@@ -29,7 +29,7 @@ async def evaluate(name: str, *overrides: str, **options) -> dict:
 def landed_in_full(report: dict) -> None:
     """Nothing lost, nothing doubled: every published record stored exactly once, nothing dead-lettered."""
     acc = report["accounting"]
-    for name in ("samples_gpu_rows", "xid_lines", "nccl_timings", "agent_status", "truth"):
+    for name in ("samples_gpu_rows", "xid_lines", "nccl_timings", "agent_status", "net_ports", "host_lines", "truth"):
         assert acc[name]["stored"] == acc[name]["sent"], (name, acc[name])
     assert acc["dead_letters"] == {}
 
@@ -80,11 +80,28 @@ async def test_llama3_mix_finds_hardware_faults_and_never_drains_for_software(se
     assert r["usable_compute"]["mean_abs_error"] <= 0.015, r["usable_compute"]
     # wall-clock latency is a figure for docs/evaluation.md, not an assertion: this machine is shared
 
-    # `fleetpulse report` over the run's database tells the same story from the store's views alone
-    out = report.build(load(CommonSettings, clickhouse_database=r["database"]), None, None)
+    # `fleetpulse report` over the run's database tells the same story from the store's views alone; over the run's
+    # own minutes for usable compute (the store also holds the minutes after it, while the pipeline settles)
+    store = load(CommonSettings, clickhouse_database=r["database"])
+    out = report.build(store, None, None)
     assert out["drains"]["requested"] == d["requested"], (out["drains"], d)
-    assert out["usable_compute"]["full_minutes_mean"] == pytest.approx(r["usable_compute"]["measured_mean"], abs=0.01)
     assert out["interruptions"]["total"] > 0 and out["drains"]["returned"] > 0, out
+    window = [datetime.fromtimestamp(r["window"][k], timezone.utc) for k in ("start_ts", "end_ts")]
+    minutes = report.build(store, *window)["usable_compute"]
+    assert minutes["full_minutes_mean"] == pytest.approx(r["usable_compute"]["measured_mean"], abs=0.01), minutes
+
+
+async def test_network_faults_are_found_from_ports_and_kernel_lines_and_only_lasting_ones_drain(settings_env):
+    r = await evaluate("network")
+    landed_in_full(r)
+    assert r["accounting"]["net_ports"]["sent"] == 32 * 8 * 20 and r["accounting"]["host_lines"]["sent"] == 9
+    for kind in ("link_flap", "link_down", "link_degraded", "nic_down", "ssd_error"):
+        k = r["fault_kinds"][kind]
+        assert (k["recall"], k["precision"]) == (1.0, 1.0), (kind, k)
+    d = r["drains"]
+    assert d["requested"] == d["true"] == d["hardware_expected"] == 5 and d["false"] == 0, d
+    assert d["no_drain_faults"] == 2 and d["no_drain_drained"] == 0, d  # one drop, a 40 s outage: recorded only
+    assert r["hardware"]["recall"] == 1.0, r["hardware"]
 
 
 async def test_flapping_sensor_changes_node_state_at_most_once_per_dwell(settings_env):
