@@ -2,9 +2,10 @@
 
 Each record is derived from a good one by one mutation, drawn by a seeded RNG: truncated or invalid JSON, invalid
 UTF-8, NaN and Infinity tokens, numbers past 64 bits, negative and enormous GPU indices and timestamps, wrong types,
-deep nesting, values near the broker's 1 MB limit, 300 GPUs, duplicate GPU indices, duplicate JSON keys, and host
-names with control, bidi and SQL-looking characters, records keyed by another host, clocks a year ahead. Some stay
-valid (unknown keys, duplicate keys, hostile but well-formed strings): those must be stored like any other record; the rest must be refused, once.
+deep nesting, values near the broker's 1 MB limit, 300 GPUs or ports, duplicate GPU indices or ports, duplicate JSON
+keys, and host names with control, bidi and SQL-looking characters, records keyed by another host, clocks a year
+ahead. Some stay valid (unknown keys, duplicate keys, hostile but well-formed strings): those must be stored like any
+other record; the rest must be refused, once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from schemas.topics import NCCL, SAMPLES, XID, Topic
+from schemas.topics import HOST_EVENTS, NCCL, NET, SAMPLES, XID, Topic
 
 HOSTILE_NAMES = ("h'; DROP TABLE gpu_samples; --", "h\u202eevil\u202c", "h\u0000nul", "h\u001b[31mred", "h\\\\x00",
                  "h\"quote", "h" + "\u0301" * 40, "\U0001f525host", "h\ud7ff\ue000", "{{7*7}}", "h%s%n")
@@ -51,8 +52,22 @@ def good_nccl(rng: random.Random, now: float, n: int) -> dict:
                        "collective_us": 100.0 + rng.random() * 20} for r in range(8)]}
 
 
+def good_net(rng: random.Random, now: float, n: int) -> dict:
+    ports = [{"device": f"mlx5_{i}", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 400.0,
+              "rate": "400 Gb/sec (4X NDR)", "symbol_error": rng.randrange(3), "link_downed": 0} for i in range(8)]
+    return {"host": f"hostile-{n % 7}", "ts": now + n * 0.01, "seq": n, "source": "simulator", "ports": ports}
+
+
+def good_host_event(rng: random.Random, now: float, n: int) -> dict:
+    return {"host": f"hostile-{n % 7}", "ts": now + n * 0.01, "subsystem": "storage", "code": "nvme_timeout",
+            "device": "nvme0", "severity": "warning", "raw_line": f"nvme nvme0: I/O {rng.randrange(999)} QID 4 "
+                                                                "timeout, aborting"}
+
+
+# New topics go last: the first ones' records stay what they were for a given seed.
 GOOD: dict[Topic, Callable[[random.Random, float, int], dict]] = {SAMPLES: good_sample, XID: good_xid,
-                                                                   NCCL: good_nccl}
+                                                                   NCCL: good_nccl, NET: good_net,
+                                                                   HOST_EVENTS: good_host_event}
 
 
 def _deep(depth: int) -> bytes:
@@ -70,7 +85,7 @@ def _set(record: dict, path: tuple, value) -> dict:
 def _paths(topic: Topic, record: dict) -> list[tuple]:
     """Where a value may be replaced: top-level fields and the fields of the first nested item."""
     out = [(k,) for k in record]
-    nested = "gpus" if topic is SAMPLES else "ranks" if topic is NCCL else None
+    nested = {SAMPLES: "gpus", NCCL: "ranks", NET: "ports"}.get(topic)
     if nested and record[nested]:
         out += [(nested, 0, k) for k in record[nested][0]]
     return out
@@ -119,8 +134,13 @@ def mutate(topic: Topic, record: dict, rng: random.Random) -> tuple[bytes, str]:
         return _dumps({**record, "gpus": [{**gpu, "index": i % 256} for i in range(count)]}), f"{count} GPUs", None
     if kind == 11 and topic is NCCL:
         return _dumps({**record, "ranks": record["ranks"] * 40}), "320 ranks", None
+    if kind == 11 and topic is NET:
+        return _dumps({**record, "ports": [{**record["ports"][0], "port": i % 256} for i in range(300)]}), \
+            "300 ports", None
     if kind == 12 and topic is SAMPLES:
         return _dumps({**record, "gpus": record["gpus"] + record["gpus"][:1]}), "GPU 0 twice", None
+    if kind == 12 and topic is NET:
+        return _dumps({**record, "ports": record["ports"] + record["ports"][:1]}), "port mlx5_0/1 twice", None
     if kind == 12:
         index = rng.choice([-1, 256, 10**9])
         field = ("ranks", 0, "gpu_index") if topic is NCCL else ("gpu_index",)
