@@ -70,14 +70,8 @@ class HostEvent(BaseModel):
     source: Literal["kmsg", "journald", "file", "simulator"] = "kmsg"
 
 
-class AgentStatus(BaseModel):
-    """A host agent's own condition: which collectors run, which fail and why, and whether it is stopping.
-
-    Published every `agent_status_every_s` (every `agent_interval_s` while a collector fails or no sample collector
-    runs: then it is the host's only sign of life) and at once when a collector starts or stops failing; the last one, with
-    `state` "stopping", when the agent is shut down in order (a planned reboot, maintenance). With the samples it
-    tells a silent host (nothing at all) from a broken monitor (status, no samples) and from one taken away on
-    purpose (a goodbye, then nothing): streams/silence/."""
+class HostRecord(BaseModel):
+    """The labels every per-host record of an agent starts with (its columns come first, in this order)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -86,6 +80,17 @@ class AgentStatus(BaseModel):
     cluster: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
     job: str | None = Field(default=None, max_length=NAME_MAX, json_schema_extra=LC_NULL)
     ts: float = Field(gt=0, json_schema_extra=TS)
+
+
+class AgentStatus(HostRecord):
+    """A host agent's own condition: which collectors run, which fail and why, and whether it is stopping.
+
+    Published every `agent_status_every_s` (every `agent_interval_s` while a collector fails or no sample collector
+    runs: then it is the host's only sign of life) and at once when a collector starts or stops failing; the last one, with
+    `state` "stopping", when the agent is shut down in order (a planned reboot, maintenance). With the samples it
+    tells a silent host (nothing at all) from a broken monitor (status, no samples) and from one taken away on
+    purpose (a goodbye, then nothing): streams/silence/."""
+
     seq: int = Field(ge=0, description="per-agent status sequence number", json_schema_extra=ch("UInt64"))
     state: Literal["running", "stopping"] = "running"
     collectors: list[str] = Field(default_factory=list, max_length=64, description="collectors running here",

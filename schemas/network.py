@@ -9,8 +9,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.columns import ch
-from schemas.events import LC, LC_NULL, TS
-from schemas.limits import ID_MAX, NAME_MAX
+from schemas.events import LC, LC_NULL, HostRecord
+from schemas.limits import ID_MAX
 
 MAX_PORTS = 64  # a GPU host has one HCA port per GPU plus a few for storage and management
 _COUNTER = ch("UInt64", "Delta, ZSTD(1)")  # cumulative: the deltas are mostly zero
@@ -77,16 +77,9 @@ def unique_ports(s: Mapping[str, Any]) -> str | None:
     return None
 
 
-class NetSample(BaseModel):
+class NetSample(HostRecord):
     """Every RDMA port of one host at one time (`fleetpulse agent` collector `infiniband`, or the simulator)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    host: str = Field(min_length=1, max_length=NAME_MAX, json_schema_extra=LC)
-    rack: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
-    cluster: str = Field(default="", max_length=NAME_MAX, json_schema_extra=LC)
-    job: str | None = Field(default=None, max_length=NAME_MAX, json_schema_extra=LC_NULL)
-    ts: float = Field(gt=0, json_schema_extra=TS)
     seq: int = Field(ge=0, description="per-agent sequence number of this collector", json_schema_extra=ch("UInt64"))
     source: Literal["sysfs", "simulator"] = "sysfs"
     ports: list[PortReading] = Field(default_factory=list, max_length=MAX_PORTS)

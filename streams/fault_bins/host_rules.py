@@ -124,9 +124,8 @@ def _link(key: str, p: dict, memo: PortMemo, ts: float, host: str, config: Fault
         return []
     memo.slow += 1
     memo.slow_since = memo.slow_since or ts
-    if "slow" in memo.told or ts - memo.slow_since < config.degraded_s:
+    if not _due(memo, "slow", ts - memo.slow_since, config.degraded_s):
         return []
-    memo.told.append("slow")
     return [_finding(key, p, "ib_rate_degraded", FaultBin.INSPECT, "CHECK_CABLE",
                      f"{host} port {key} has run at {rate:g} Gb/s since {memo.slow_since:.3f} ({memo.slow} samples), "
                      f"below the {memo.best_gbps:g} Gb/s it ran at: a lane or the speed fell back (cable, transceiver "
@@ -134,13 +133,20 @@ def _link(key: str, p: dict, memo: PortMemo, ts: float, host: str, config: Fault
                      slow_since=f"{memo.slow_since:.3f}", samples=memo.slow)]
 
 
+def _due(memo: PortMemo, episode: str, lasted_s: float, after_s: float) -> bool:
+    """An episode ("down", "slow") that has lasted its time is reported once: True the first time."""
+    if episode in memo.told or lasted_s < after_s:
+        return False
+    memo.told.append(episode)
+    return True
+
+
 def _down(key: str, p: dict, memo: PortMemo, ts: float, host: str, config: FaultBinConfig,
           what: str) -> list[Finding]:
     memo.down += 1
     memo.down_since = memo.down_since or ts
-    if "down" in memo.told or ts - memo.down_since < config.link_down_s:
+    if not _due(memo, "down", ts - memo.down_since, config.link_down_s):
         return []
-    memo.told.append("down")
     return [_finding(key, p, "ib_link_down", FaultBin.INSPECT, "CHECK_CABLE",
                      f"{host} port {key} was ACTIVE and {what}, not ACTIVE in {memo.down} samples since "
                      f"{memo.down_since:.3f}: the link is gone (cable, transceiver, switch port or NIC); collectives "
