@@ -359,8 +359,8 @@ def usable_compute(minutes: Sequence[Mapping], truth: Sequence[Mapping], run: Ru
     """Measured usable compute per minute against truth: the share of GPUs not on a host that a hardware fault
     should take out (a `drain` token), from the fault until the later of its end and its repair cycle (Run.out_s of
     its bin: a drained node stays out while it is repaired and validated), per minute of the run in which every node
-    had reported (earlier minutes cover part of the fleet and are only counted). Both as at the minute's end: the
-    lifecycle reports a minute once it is over, with every node's state then."""
+    had reported (earlier minutes cover part of the fleet and are only counted). Both as at the minute's end in event
+    time: the lifecycle reports a minute minute_lateness_s after it, with every node's state at its end."""
     if not minutes:
         return {"minutes": 0}
     measured, expected, partial = [], [], 0

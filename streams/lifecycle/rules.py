@@ -50,6 +50,10 @@ class LifecycleConfig(BaseModel):
     nccl_floor_gbs: float = Field(default=0.0, ge=0, description="bus bandwidth required before that; 0 = none")
     faults_kept: int = 32
     batch_within_s: float = Field(default=0.05, gt=0, le=5, description="XID -> drain request: 2 s p95 budget")
+    minute_lateness_s: float = Field(default=120.0, ge=0, le=3600, description=(
+        "usable compute for a minute is reported once the fleet's event clock is this far past its end, so a drain "
+        "or return decided after later records arrived (a lagging worker, the breaker's round trip) counts in its "
+        "own minute"))
 
 
 def lifecycle_config(settings: object | None) -> LifecycleConfig:

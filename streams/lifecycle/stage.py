@@ -8,7 +8,8 @@
 - The fleet step (lane `fleet`: the internal single-partition topic lifecycle-fleet) is the one place that sees every
   drain: it admits or denies each proposal (the circuit breaker) and answers on the decisions topic (the node then
   requests the drain itself, so a bot's answer can never overtake the node's own state), publishes the breaker alert,
-  takes `fleetpulse breaker reset` commands, and reports usable compute per minute on fleet.usable_compute.
+  takes `fleetpulse breaker reset` commands, and reports usable compute per minute on fleet.usable_compute: each node
+  as at the minute's end in event time, reported once the clock is minute_lateness_s past it (docs/outcomes.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from schemas.topics import (
 )
 from streams.lifecycle import rules as lc
 from streams.lifecycle.breaker import Breaker, BreakerConfig, add_busbw, breaker_config, decide, reset
-from streams.lifecycle.usable_compute import changed, fleet_usable, minutes_due, node_share
+from streams.lifecycle.usable_compute import add_change, changed, fleet_usable, fold, minutes_due, node_share
 from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
 
 NODES, FLEET = "nodes", "fleet"
@@ -102,23 +103,58 @@ def node_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig
     return out + [Emit(LIFECYCLE_FLEET, FLEET_KEY, orjson.dumps(rec)) for rec in fleet]
 
 
+def _share(state: State, rec: dict) -> None:
+    """A node's new share: pending until the minute it happened in is reported, or at once when that minute already
+    was (later than minute_lateness_s: it counts from the next report on)."""
+    minute, host = state.get(FLEET, "minute"), rec["host"]
+    if minute is not None and float(rec["ts"]) < (minute + 1) * 60.0:
+        state.put(FLEET, f"share:{host}", rec["share"])
+    else:
+        state.put(FLEET, f"pending:{host}", add_change(state.get(FLEET, f"pending:{host}", []), float(rec["ts"]),
+                                                       rec["share"]))
+
+
+def _fold(state: State, end: float) -> None:
+    """Every node's share as at `end`: its pending changes before then applied, the later ones kept."""
+    for key, changes in list(state.scan(FLEET, "pending:").items()):
+        share, rest = fold(changes, end)
+        if share is None:
+            continue
+        host = key.removeprefix("pending:")
+        state.put(FLEET, f"share:{host}", share)
+        if rest:
+            state.put(FLEET, key, rest)
+        else:
+            state.delete(FLEET, key)
+
+
+def _fleet_size(state: State) -> int:
+    """Nodes the fleet step has heard of, reported or still pending (the breaker's cap is a share of them)."""
+    return len({k.removeprefix("share:") for k in state.scan(FLEET, "share:")}
+               | {k.removeprefix("pending:") for k in state.scan(FLEET, "pending:")})
+
+
 def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig) -> list[Emit]:
     out: list[Emit] = []
     b = Breaker.from_json(state.get(FLEET, "breaker"))
     touched = False
     for r in records:
         rec, kind = r.value, r.value["kind"]
-        # The minute clock runs on event time; an operator's reset carries wall time, so it does not move it.
-        due, last = minutes_due(state.get(FLEET, "minute"), float(rec["ts"])) if kind != "reset" else ([], None)
+        # The minute clock runs on event time, minute_lateness_s behind the newest record; an operator's reset
+        # carries wall time, so it does not move it.
+        due, last = ([], None) if kind == "reset" else \
+            minutes_due(state.get(FLEET, "minute"), float(rec["ts"]), lateness_s=cfg.node.minute_lateness_s)
         for m in due:
+            _fold(state, (m + 1) * 60.0)
+            if not state.scan(FLEET, "share:"):
+                continue  # no node had reported by then (the clock starts minute_lateness_s before its first input)
             uc = fleet_usable(state.scan(FLEET, "share:").values(), m * 60.0)
             out.append(Emit(USABLE, FLEET_KEY, orjson.dumps(uc)))
             state.put(FLEET, "usable_compute", uc)
         if last is not None and last != state.get(FLEET, "minute"):
             state.put(FLEET, "minute", last)
         if kind == "drain":
-            v = decide(b, rec, state.get(FLEET, f"decided:{rec['host']}"), len(state.scan(FLEET, "share:")),
-                       cfg.breaker)
+            v = decide(b, rec, state.get(FLEET, f"decided:{rec['host']}"), _fleet_size(state), cfg.breaker)
             state.put(FLEET, f"decided:{rec['host']}", v.decided)
             touched = True
             if v.decision is None:
@@ -132,7 +168,7 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
         elif kind == "busbw":
             touched = add_busbw(b, rec, cfg.breaker) or touched
         elif kind == "share":
-            state.put(FLEET, f"share:{rec['host']}", rec["share"])
+            _share(state, rec)
         elif kind == "reset":
             alert = reset(b, rec)
             touched = True

@@ -53,11 +53,27 @@ def fleet_usable(shares: Iterable[list[float]], minute_ts: float) -> dict:
             "breakdown_gpus": {k: round(totals[k], 3) for k in BUCKETS}}
 
 
-def minutes_due(last_minute: int | None, ts: float, max_minutes: int = 60) -> tuple[list[int], int]:
-    """Minutes (epoch // 60) an input at `ts` completes that were not reported yet (at most the last max_minutes),
-    and the new last reported minute. The first input only starts the clock."""
-    now = int(ts // 60)
+def minutes_due(last_minute: int | None, ts: float, max_minutes: int = 60,
+                lateness_s: float = 0.0) -> tuple[list[int], int]:
+    """Minutes (epoch // 60) an input at `ts` completes, lateness_s after their end, that were not reported yet (at
+    most the last max_minutes), and the new last reported minute. The first input only starts the clock."""
+    now = int((ts - lateness_s) // 60)
     if last_minute is None:
         return [], now - 1
     due = list(range(max(last_minute + 1, now - max_minutes), now))
     return due, max(last_minute, now - 1)
+
+
+def add_change(changes: list[list], ts: float, share: list[float]) -> list[list]:
+    """A node's share changes not yet folded into a reported minute, kept in event-time order (ties in arrival
+    order): a change decided late, after later records of other nodes, still lands in its own minute."""
+    at = len(changes)
+    while at and changes[at - 1][0] > ts:
+        at -= 1
+    return [*changes[:at], [ts, share], *changes[at:]]
+
+
+def fold(changes: list[list], end: float) -> tuple[list[float] | None, list[list]]:
+    """A node's share as at `end` from its pending changes (None: none before `end`), and the changes after it."""
+    before = [c for c in changes if c[0] < end]
+    return (before[-1][1] if before else None), changes[len(before):]

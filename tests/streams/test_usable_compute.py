@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from streams.lifecycle.usable_compute import SHARE, changed, fleet_usable, minutes_due, node_share
+from schemas.topics import LIFECYCLE_FLEET, USABLE
+from streams import registry
+
+from streams.lifecycle.usable_compute import SHARE, add_change, changed, fleet_usable, fold, minutes_due, node_share
+from streams.runtime.offline import offline_steps
+from streams.runtime.spec import Record
+from streams.settings import streams_settings
 
 HEALTHY = {"installed_gpus": 8, "present_gpus": 8, "straggler_loss_gpus": 0.0, "throttle_loss_gpus": 0.0,
            "gated": 0.0}
@@ -65,3 +73,68 @@ def test_the_minute_clock_reports_each_completed_minute_once():
     assert minutes_due(100, 6_300.0) == ([101, 102, 103, 104], 104)
     assert minutes_due(104, 6_100.0) == ([], 104)  # late input from another partition
     assert minutes_due(0, 60 * 1000.0, max_minutes=3) == ([997, 998, 999], 999)
+
+
+def test_a_minute_is_reported_only_once_the_clock_is_its_lateness_past_it():
+    assert minutes_due(None, 6_150.0, lateness_s=120) == ([], 99)  # the clock starts lateness_s before its first input
+    assert minutes_due(99, 6_061.0, lateness_s=120) == ([], 99)
+    assert minutes_due(99, 6_180.0, lateness_s=120) == ([100], 100)
+    assert minutes_due(100, 6_300.0, lateness_s=120) == ([101, 102], 102)
+
+
+def test_share_changes_fold_in_event_time_order_whatever_order_they_came_in():
+    changes = add_change([], 130.0, [8, 8])
+    changes = add_change(changes, 70.0, [8, 0])  # decided after the later change reached the fleet step
+    changes = add_change(changes, 130.0, [8, 4])  # a tie keeps arrival order
+    assert changes == [[70.0, [8, 0]], [130.0, [8, 8]], [130.0, [8, 4]]]
+    assert fold(changes, 60.0) == (None, changes)
+    assert fold(changes, 120.0) == ([8, 0], changes[1:])
+    assert fold(changes, 180.0) == ([8, 4], [])
+
+
+def _fleet_step():
+    [step] = [s for s in offline_steps([registry.STAGES["lifecycle"]], streams_settings(None))
+              if s.step.run.__name__ == "fleet_step"]
+    return step
+
+
+def _minutes(arrivals: list[dict]) -> list[tuple]:
+    step, out = _fleet_step(), []
+    for offset, rec in enumerate(arrivals):
+        key = rec.get("host", "fleet")
+        for e in step.run([Record("fleet", rec, key, LIFECYCLE_FLEET.name, 0, offset, 0)]):
+            if e.to is USABLE:
+                uc = orjson.loads(e.value)
+                out.append((uc["minute_ts"], uc["nodes"], uc["usable_gpus"]))
+    return out
+
+
+# 4 nodes of 8 GPUs over 10 minutes: each changes its share at times of its own; every record ticks the clock.
+EVENTS = sorted([{"kind": "share", "host": f"h{h}", "ts": 6_000.0 + t, "share": [8, u, 8 - u, 0, 0, 0, 0, 0, 0]}
+                 for h, changes in enumerate([[(0, 8), (95, 0), (400, 8)], [(1, 8), (130, 4), (131, 8)],
+                                              [(2, 8), (250, 0)], [(3, 8), (599, 0)]])
+                 for t, u in changes] + [{"kind": "tick", "ts": 6_000.0 + t} for t in range(0, 840, 10)],
+                key=lambda r: r["ts"])
+
+
+@given(st.lists(st.floats(min_value=0, max_value=100), min_size=len(EVENTS), max_size=len(EVENTS)))
+@settings(max_examples=60, deadline=None)
+def test_each_minute_counts_what_happened_in_it_whatever_the_arrival_order_within_the_lateness(delays):
+    """A drain decided after other nodes' later records reached the fleet step (the breaker's round trip, a lagging
+    worker) still counts in the minute it happened in: arrivals up to 100 s late (lateness 120 s) change nothing."""
+    in_order = _minutes(EVENTS)
+    late = [r for _, _, r in sorted((r["ts"] + d, i, r) for i, (r, d) in enumerate(zip(EVENTS, delays)))]
+    assert _minutes(late) == in_order
+    assert in_order[:3] == [(6_000.0, 4, 32.0), (6_060.0, 4, 24.0), (6_120.0, 4, 24.0)]  # h0 out at 6,095
+    assert in_order[-1] == (6_600.0, 4, 16.0) and len(in_order) == 11  # h3 out at 6,599; minute 6,660 ends at
+    # 6,720, 120 s before the last record
+
+
+def test_a_change_later_than_the_lateness_counts_from_the_next_report():
+    h2_out = next(r for r in EVENTS if r.get("host") == "h2" and r["ts"] == 6_250.0)
+    rest = [r for r in EVENTS if r is not h2_out]
+    after = next(i for i, r in enumerate(rest) if r["ts"] == 6_430.0)  # the tick that reports minute 6,240
+    in_order, late = dict((m, u) for m, _, u in _minutes(EVENTS)), dict(
+        (m, u) for m, _, u in _minutes(rest[:after + 1] + [h2_out] + rest[after + 1:]))
+    assert (in_order[6_240.0], in_order[6_300.0]) == (16.0, 16.0)  # h2 out at 6,250
+    assert (late[6_240.0], late[6_300.0]) == (24.0, 16.0)  # it came 180 s late: missed its minute, not the next
