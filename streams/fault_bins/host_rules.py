@@ -81,7 +81,7 @@ def apply_net(st: HostState, host: str, s: dict, config: FaultBinConfig) -> list
         memo = st.ports.get(key)
         if memo is None:
             memo = st.ports[key] = PortMemo()
-        before = memo.to_json()
+        before = memo.decisive()
         if agent_restarted or _restarted(memo, p, ts, config):
             memo.restart()
         out += _link(key, p, memo, ts, host, config)
@@ -90,7 +90,7 @@ def apply_net(st: HostState, host: str, s: dict, config: FaultBinConfig) -> list
         memo.ts = ts
         downed = p.get("link_downed")
         memo.downed = downed if downed is not None else memo.downed
-        st.dirty = st.dirty or memo.to_json()[1:] != before[1:]
+        st.dirty = st.dirty or memo.decisive() != before
     for key, memo in st.ports.items():
         if key in present or not memo.active:
             continue
@@ -195,7 +195,10 @@ def _phy(key: str, p: dict, memo: PortMemo, ts: float, host: str, config: FaultB
                              f"{host} port {key}: {errors} physical-layer errors in {ts - then_ts:.0f} s (more than "
                              f"{limit:g} within {config.phy_window_s:g} s): a degrading cable or transceiver "
                              f"({detail})", errors=errors, window_s=f"{ts - then_ts:.0f}")]
-    memo.errs.append([ts, now])
+    if memo.errs and memo.errs[-1][1] == now:
+        memo.errs[-1][0] = ts  # the same counts again: the newest such reading is the baseline that lasts longest
+    else:
+        memo.errs.append([ts, now])
     return []
 
 

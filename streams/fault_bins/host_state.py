@@ -108,6 +108,12 @@ class PortMemo:
         self.active, self.down, self.down_since, self.slow, self.slow_since = False, 0, None, 0, None
         self.told, self.downed, self.errs = [], None, []
 
+    def decisive(self) -> tuple:
+        """What the rules decide from, not when it was last read: a change here is written at once, a reading that
+        only refreshes times waits for the host's periodic flush (state_flush_s), as GPU readings do."""
+        return (self.active, self.best_gbps, self.down, self.down_since, self.slow, self.slow_since, tuple(self.told),
+                self.downed, tuple(self.flaps), tuple(tuple(v) for _, v in self.errs))
+
     def to_json(self) -> list:
         return [self.ts, self.active, self.best_gbps, self.down, self.down_since, self.slow, self.slow_since,
                 self.told, self.downed, self.flaps, self.errs]

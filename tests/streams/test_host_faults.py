@@ -7,7 +7,8 @@ import pytest
 
 from schemas.analytics import FaultBin
 from streams.fault_bins.config import FaultBinConfig
-from streams.fault_bins.host_rules import HOST_EVENT_BINS
+from streams.fault_bins.host_rules import HOST_EVENT_BINS, apply_net
+from streams.fault_bins.host_state import HostState
 from streams.fault_bins.rules import check_record
 from tests.streams.test_fault_bins import Table
 
@@ -95,6 +96,18 @@ def test_physical_layer_errors_above_the_rate_are_inspected_and_a_trickle_is_not
     [f] = feed_each(Table(), burst).faults
     assert (f.code, f.bin, f.evidence["errors"]) == ("ib_phy_errors", "inspect", "82")
     assert "symbol_error +80, link_error_recovery +2" in f.reasons[0]
+
+
+def test_a_steady_port_keeps_one_baseline_marks_nothing_changed_and_still_catches_a_late_burst():
+    st, cfg = HostState(), FaultBinConfig()
+    steady = [net(TS0 + 30 * k, port(symbol_error=5))[1] for k in range(40)]  # 20 minutes of the same counts
+    for k, s in enumerate(steady):
+        st.dirty = False
+        assert apply_net(st, "h1", s, cfg) == []
+        assert st.dirty == (k == 0), k  # the first reading is new; the rest only refresh times (flushed periodically)
+    assert [t for t, _ in st.ports["mlx5_0/1"].errs] == [TS0 + 30 * 39]
+    [f] = apply_net(st, "h1", net(TS0 + 30 * 40, port(symbol_error=70))[1], cfg)
+    assert (f.code, f.evidence["errors"], f.evidence["window_s"]) == ("ib_phy_errors", "65", "30")
 
 
 def test_two_ports_are_judged_apart():
