@@ -15,3 +15,13 @@ def test_each_layer_imports_only_the_layers_under_it(monkeypatch, capsys):
     report = capsys.readouterr().out
     assert code == cli.EXIT_STATUS_SUCCESS, report
     assert "0 broken" in report
+
+
+def test_every_stage_package_is_in_the_no_stage_imports_another_contract():
+    """A new stage is held apart from the others as soon as it exists, not when someone remembers the contract."""
+    from streams import registry
+
+    contract = (REPO / ".importlinter").read_text().split("[importlinter:contract:stages]", 1)[1]
+    listed = {line.strip() for line in contract.split("modules =", 1)[1].splitlines() if line.strip()}
+    packages = {step.run.__module__.rsplit(".", 1)[0] for stage in registry.select(None) for step in stage.steps}
+    assert packages and packages <= listed, sorted(packages - listed)
