@@ -2,7 +2,7 @@
 
 Each record is derived from a good one by one mutation, drawn by a seeded RNG: truncated or invalid JSON, invalid
 UTF-8, NaN and Infinity tokens, numbers past 64 bits, negative and enormous GPU indices and timestamps, wrong types,
-deep nesting, values near the broker's 1 MB limit, 300 GPUs or ports, duplicate GPU indices or ports, duplicate JSON
+deep nesting, values near the broker's 1 MB limit, 300 GPUs or ports, 65 failing collectors, duplicate GPU indices or ports, duplicate JSON
 keys, and host names with control, bidi and SQL-looking characters, records keyed by another host, clocks a year
 ahead. Some stay valid (unknown keys, duplicate keys, hostile but well-formed strings): those must be stored like any
 other record; the rest must be refused, once.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from schemas.topics import HOST_EVENTS, NCCL, NET, SAMPLES, XID, Topic
+from schemas.topics import AGENT, HOST_EVENTS, NCCL, NET, SAMPLES, XID, Topic
 
 HOSTILE_NAMES = ("h'; DROP TABLE gpu_samples; --", "h\u202eevil\u202c", "h\u0000nul", "h\u001b[31mred", "h\\\\x00",
                  "h\"quote", "h" + "\u0301" * 40, "\U0001f525host", "h\ud7ff\ue000", "{{7*7}}", "h%s%n")
@@ -64,10 +64,18 @@ def good_host_event(rng: random.Random, now: float, n: int) -> dict:
                                                                 "timeout, aborting"}
 
 
+def good_agent_status(rng: random.Random, now: float, n: int) -> dict:
+    failing = {"nvml": "NVML_ERROR_GPU_IS_LOST"} if rng.random() < 0.2 else {}
+    return {"host": f"hostile-{n % 7}", "rack": "r1", "ts": now + n * 0.01, "seq": n, "state": "running",
+            "collectors": ["nvml", "kernel_log", "infiniband"], "failing": failing, "unsupported": {},
+            "source": "simulator"}
+
+
 # New topics go last: the first ones' records stay what they were for a given seed.
 GOOD: dict[Topic, Callable[[random.Random, float, int], dict]] = {SAMPLES: good_sample, XID: good_xid,
                                                                    NCCL: good_nccl, NET: good_net,
-                                                                   HOST_EVENTS: good_host_event}
+                                                                   HOST_EVENTS: good_host_event,
+                                                                   AGENT: good_agent_status}
 
 
 def _deep(depth: int) -> bytes:
@@ -137,6 +145,11 @@ def mutate(topic: Topic, record: dict, rng: random.Random) -> tuple[bytes, str]:
     if kind == 11 and topic is NET:
         return _dumps({**record, "ports": [{**record["ports"][0], "port": i % 256} for i in range(300)]}), \
             "300 ports", None
+    if kind == 11 and topic is AGENT:
+        return _dumps({**record, "failing": {f"c{i}": "x" * 100 for i in range(65)}}), "65 failing collectors", None
+    if kind == 12 and topic is AGENT:
+        state = rng.choice(["rebooting", "", "RUNNING", None])
+        return _dumps({**record, "state": state}), f"state {state!r}", None
     if kind == 12 and topic is SAMPLES:
         return _dumps({**record, "gpus": record["gpus"] + record["gpus"][:1]}), "GPU 0 twice", None
     if kind == 12 and topic is NET:

@@ -18,13 +18,13 @@ from core.settings import CommonSettings, load
 from schemas.dead_letter import original
 from schemas.provision import ensure_topics
 from schemas.tables import TABLE_BY_TOPIC
-from schemas.topics import FAULTS, HOST_EVENTS, NCCL, NET, SAMPLES, XID
+from schemas.topics import AGENT, FAULTS, HOST_EVENTS, NCCL, NET, SAMPLES, XID
 from tests.conftest import _free_port
 from tests.hostile_corpus import corpus
 from tests.pipeline import worker_and_sink
 from tests.streams.test_worker_integration import read_all, wait_for
 
-RAW = (SAMPLES, XID, NCCL, NET, HOST_EVENTS)
+RAW = (SAMPLES, XID, NCCL, NET, HOST_EVENTS, AGENT)
 
 
 def peak_rss_mb(pid: int) -> float:
