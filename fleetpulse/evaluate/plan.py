@@ -14,8 +14,10 @@ from fleetpulse.evaluate.runner import Plan
 PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker", "silence")
 # What every evaluation sets unless its scenario says otherwise. Flat out, simulated time runs 20-50x faster than the
 # wall clock, and the silence stage's wall-clock wait (against spools replaying after an outage, which the
-# simulator's agents never do) would hold each judgement for minutes of simulated time: 1 s here.
-PIPELINE_DEFAULTS = {"silence": {"wall_wait_s": 1.0}}
+# simulator's agents never do) would hold each judgement for minutes of simulated time: 1 s here. For the same reason
+# a drain's round trip through the breaker, a second or two of wall time, is a minute or more of simulated time: the
+# lifecycle reports each minute's usable compute 120 s after it, not 30 s.
+PIPELINE_DEFAULTS = {"silence": {"wall_wait_s": 1.0}, "lifecycle": {"minute_lateness_s": 120.0}}
 
 
 def apply_override(doc: dict, assignment: str) -> None:

@@ -50,10 +50,10 @@ class LifecycleConfig(BaseModel):
     nccl_floor_gbs: float = Field(default=0.0, ge=0, description="bus bandwidth required before that; 0 = none")
     faults_kept: int = 32
     batch_within_s: float = Field(default=0.05, gt=0, le=5, description="XID -> drain request: 2 s p95 budget")
-    minute_lateness_s: float = Field(default=120.0, ge=0, le=3600, description=(
+    minute_lateness_s: float = Field(default=30.0, ge=0, le=3600, description=(
         "usable compute for a minute is reported once the fleet's event clock is this far past its end, so a drain "
-        "or return decided after later records arrived (a lagging worker, the breaker's round trip) counts in its "
-        "own minute"))
+        "or return decided after later records arrived (the breaker's round trip, a lagging worker) counts in its "
+        "own minute; raise it where event time runs ahead of the worker (a replay: evaluations use 120 s)"))
 
 
 def lifecycle_config(settings: object | None) -> LifecycleConfig:

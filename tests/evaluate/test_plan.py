@@ -37,15 +37,16 @@ def test_plan_refuses_an_override_the_scenario_model_rejects():
 
 def test_pipeline_block_becomes_worker_variables_and_a_typo_is_named():
     plan = plan_from("drain-storm", ['pipeline.breaker={"max_share_pct": 10}'])
-    assert plan.streams_env == {"FLEETPULSE_BREAKER": '{"max_share_pct": 10}',
-                                "FLEETPULSE_SILENCE": '{"wall_wait_s": 1.0}'}  # every evaluation's (plan.py)
+    assert plan.streams_env == {"FLEETPULSE_BREAKER": '{"max_share_pct": 10}',  # and every evaluation's (plan.py)
+                                "FLEETPULSE_SILENCE": '{"wall_wait_s": 1.0}',
+                                "FLEETPULSE_LIFECYCLE": '{"minute_lateness_s": 120.0}'}
     with pytest.raises(ConfigError, match="pipeline.breaker.max_share: Extra inputs"):
         plan_from("drain-storm", ['pipeline.breaker={"max_share": 10}'])
     with pytest.raises(ConfigError, match="pipeline.kafka: not one of"):
         plan_from("drain-storm", ['pipeline.kafka={}'])
     # the silence stage's thresholds too
-    assert plan_from("host-silence", ['pipeline.silence={"rack_share": 0.6}']).streams_env == \
-        {"FLEETPULSE_SILENCE": '{"wall_wait_s": 1.0, "rack_share": 0.6}'}
+    assert plan_from("host-silence", ['pipeline.silence={"rack_share": 0.6}']).streams_env["FLEETPULSE_SILENCE"] == \
+        '{"wall_wait_s": 1.0, "rack_share": 0.6}'
     with pytest.raises(ConfigError, match="pipeline.silence.*report_s"):
         plan_from("host-silence", ['pipeline.silence={"report_s": 90}'])
 

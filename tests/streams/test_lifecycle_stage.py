@@ -107,7 +107,7 @@ async def test_fleet_step_trips_the_breaker_waits_for_reset_and_reports_usable_c
                  "mode": "immediate", "reason": "hard gate", "evidence": {"gates": "gpu0/ecc_dbe"}} for i in range(5)]
     records += [{"kind": "busbw", "host": "h9", "ts": T0 + 30, "gbs": 400.0},
                 {"kind": "reset", "ts": T0 + 35, "by": "alice", "note": "checked"},
-                {"kind": "tick", "ts": T0 + 215}, {"kind": "nope", "ts": T0 + 216}]
+                {"kind": "tick", "ts": T0 + 125}, {"kind": "nope", "ts": T0 + 126}]
     async with app.agents["lane.fleet"].test_context() as stage:
         for r in records:
             await put_on(stage, fleet_name, orjson.dumps(r), b"fleet", 0)
@@ -123,7 +123,7 @@ async def test_fleet_step_trips_the_breaker_waits_for_reset_and_reports_usable_c
                                                                    ("FleetDrainBreakerOpen", "resolved", 35)]
     assert {s.key for s in emitter.to(PREFIX + "fleet.alerts")} == {b"fleet"}
     ucs = [orjson.loads(s.value) for s in emitter.sent if s.topic.endswith("usable_compute")]
-    # The clock started in minute 1000; the tick at 60,245 s is 120 s (minute_lateness_s) past minutes 1000 and 1001
+    # The clock started in minute 1000; the tick at 60,155 s is 30 s (minute_lateness_s) past minutes 1000 and 1001
     # (drains are decided, not yet reflected: nodes report their new state as a share once their decision reaches
     # them).
     assert [(uc["minute_ts"], uc["nodes"], uc["usable_compute"]) for uc in ucs] == [(60_000.0, 10, 1.0),

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from schemas.topics import LIFECYCLE_FLEET, USABLE
 from streams import registry
 
+from streams.lifecycle.rules import LifecycleConfig
 from streams.lifecycle.usable_compute import SHARE, add_change, changed, fleet_usable, fold, minutes_due, node_share
 from streams.runtime.offline import offline_steps
 from streams.runtime.spec import Record
@@ -93,8 +94,8 @@ def test_share_changes_fold_in_event_time_order_whatever_order_they_came_in():
 
 
 def _fleet_step():
-    [step] = [s for s in offline_steps([registry.STAGES["lifecycle"]], streams_settings(None))
-              if s.step.run.__name__ == "fleet_step"]
+    settings = streams_settings(None, lifecycle=LifecycleConfig(minute_lateness_s=120.0))
+    [step] = [s for s in offline_steps([registry.STAGES["lifecycle"]], settings) if s.step.run.__name__ == "fleet_step"]
     return step
 
 
