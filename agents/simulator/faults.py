@@ -90,9 +90,9 @@ class FaultInjector:
     """Holds the resolved injections; `apply` returns this tick's effects, XID events and truth records."""
 
     def __init__(self, fleet: Fleet, scenario: Scenario, state: GpuState, rng: np.random.Generator, *,
-                 run_id: str, start_ts: float, nccl: bool):
+                 run_id: str, start_ts: float, nccl: bool, interval: float = 10.0):
         self.fleet, self.scenario, self.state, self.rng = fleet, scenario, state, rng
-        self.run_id, self.start_ts, self.nccl = run_id, start_ts, nccl
+        self.run_id, self.start_ts, self.nccl, self.interval = run_id, start_ts, nccl, interval
         self.injections = [_resolve(fleet, i, spec) for i, spec in enumerate(scenario.faults)]
         self.host_lines: list[dict] = []  # HostEvent dicts of started faults not yet taken, in time order
         self.rebooted: list[int] = []  # hosts repaired since the last take_rebooted(): their port counters restart
@@ -154,7 +154,7 @@ class FaultInjector:
             job = inj.job if not whole else f.job_name_of_host(h)
             out.append(truth_record(run_id=self.run_id, number=inj.number, spec=inj.spec, fleet=f, host=h, gpus=gpus,
                                     job=job, rank=inj.rank, start_ts=self.start_ts, nccl=self.nccl,
-                                    part=part if whole else None, down=inj.hosts))
+                                    part=part if whole else None, down=inj.hosts, interval=self.interval))
         return out
 
     def _event(self, gpu: int, ts: float, code: int, message: str | None = None, caused_by: int | None = None) -> dict:
@@ -252,7 +252,7 @@ class FaultInjector:
         elif kind == "congestion":
             fx.transfer_factor[g] = np.maximum(fx.transfer_factor[g], spec.factor)
         elif kind == "sensor_flap":
-            high = int((t_now - spec.at) // (spec.period_s / 2)) % 2 == 0  # high first, then low, half a period each
+            high = (t_now - spec.at) % spec.period_s < spec.duty * spec.period_s  # high first, then low
             fx.temp_reading_c[g] = spec.high_c if high else spec.low_c
         elif kind == "host_down":
             fx.present[g] = False

@@ -108,9 +108,10 @@ class Congestion(_Fault):
 
 class SensorFlap(_Fault):
     kind: Literal["sensor_flap"]
-    low_c: float = Field(gt=0, lt=SHUTDOWN_TEMP_C, description="reading of the low half-period")
-    high_c: float = Field(gt=0, lt=SHUTDOWN_TEMP_C, description="reading of the high half-period (first)")
-    period_s: float = Field(default=180.0, gt=0, description="seconds of one low + high cycle")
+    low_c: float = Field(gt=0, lt=SHUTDOWN_TEMP_C, description="reading of the low part of each period")
+    high_c: float = Field(gt=0, lt=SHUTDOWN_TEMP_C, description="reading of the high part of each period (first)")
+    period_s: float = Field(default=180.0, gt=0, description="seconds of one high + low cycle")
+    duty: float = Field(default=0.5, gt=0, lt=1, description="share of each period at the high reading")
 
     @model_validator(mode="after")
     def _ordered(self):

@@ -97,7 +97,8 @@ class FleetSimulator:
         self.state = GpuState(self.fleet, telemetry_rng)
         self.nccl = NcclModel(self.fleet, nccl_rng)
         self.faults = FaultInjector(self.fleet, self.scenario, self.state, fault_rng,
-                                    run_id=self.run_id, start_ts=self.start_ts, nccl=nccl_interval > 0)
+                                    run_id=self.run_id, start_ts=self.start_ts, nccl=nccl_interval > 0,
+                                    interval=interval)
         self.statuses = AgentStatuses(self.fleet, status_interval) if status_interval > 0 else None
         self.net = NetState(self.fleet)
         self.net_interval, self._next_net = net_interval, 0.0

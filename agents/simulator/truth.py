@@ -24,7 +24,8 @@ EXPECTED = {
     "pcie_replay": ["fault:pcie_replay"],
     "gpu_lost": ["fault:gpu_lost", "fault:xid:79", "bin:reboot", "drain"],
     "congestion": [],
-    "sensor_flap": [],  # + alert:thermal when the high reading reaches the GPU's max operating temperature
+    "sensor_flap": [],  # + alert:thermal when the high reading reaches the GPU's max operating temperature, + drain
+    # when the recurring-problems policy says so (flap_drains)
     "host_down": ["fault:host_silent", "bin:reboot", "drain"],
     "job_crash": [],  # + alert:JobStalled when the run publishes NCCL records (stalls_job)
     "power_surge": [],
@@ -54,6 +55,14 @@ JOB_STALLED = "alert:JobStalled"
 # rules.py SilenceConfig: a host silent_after_s 60 + group_wait_s 30 behind a fleet clock up to a sample interval
 # late; a job's collectives stall_after_s 120): such a host_down, whole rack or stopped job expects nothing.
 SILENCE_MIN_S = 150.0
+# The lifecycle's recurring-problems policy (streams/lifecycle/rules.py LifecycleConfig, docs/remediation.md) against a
+# GPU whose reading flaps across its throttle limits, as its samples see it (a period near the sample interval
+# aliases): the node's score falls below 60 a few samples into a hot spell, and the spell drains it once it is one
+# continuous episode past enter_dwell_s + drain_dwell_s (720 s) after that, about 920 s into it; or the node drains
+# once it spent more than low_share_inspect (75 %) of an hour below 60, which a share of hot samples well above it
+# does within the hour. Between the bands either may happen: truth expects no drain there, and sweeps skip them.
+FLAP_SPELL_DRAIN_S, FLAP_SPELL_SAFE_S = (840.0, 960.0), 7200.0
+FLAP_SHARE_DRAIN, FLAP_SHARE_AFTER_S = (0.7, 0.8), 3600.0
 SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler...
 # ...when they last long enough to be one: 3 of 5 straggler windows of 30 s (streams/stragglers/scoring.py) plus the
 # window that closes the third; slowness that clears sooner is transient by design and must raise nothing.
@@ -92,19 +101,20 @@ def stalls_job(spec, fleet: Fleet, job: str | None, down: Sequence[int] = ()) ->
     return False
 
 
-def expected_tokens(spec, fleet: Fleet, ranked: bool, stalled: bool = False) -> tuple[list[str], bool]:
+def expected_tokens(spec, fleet: Fleet, ranked: bool, stalled: bool = False,
+                    interval: float = 10.0) -> tuple[list[str], bool]:
     """(expected tokens, hardware) the kind and its parameters imply, before the scenario's overrides.
 
     `ranked`: the GPU runs a job and the run publishes NCCL records, without which no straggler can be seen.
     `stalled`: the fault stops a job's NCCL records while its hosts report on (stalls_job), in a run with NCCL.
     """
-    tokens, hardware = _tokens(spec, fleet, ranked)
+    tokens, hardware = _tokens(spec, fleet, ranked, interval)
     if stalled:
         tokens.append(JOB_STALLED)
     return tokens, hardware
 
 
-def _tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
+def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str], bool]:
     if spec.kind == "xid":
         tokens, bin_ = [f"fault:xid:{spec.code}"], xid.EXPECTED_BIN.get(spec.code)
         if bin_ is not None:
@@ -129,7 +139,31 @@ def _tokens(spec, fleet: Fleet, ranked: bool) -> tuple[list[str], bool]:
         tokens.append("straggler")
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c:
         tokens.append("alert:thermal")
+        if flap_outcome(spec, interval) == "drain":
+            tokens.append("drain")
     return tokens, spec.kind not in NOT_HARDWARE
+
+
+def flap_outcome(spec, interval: float) -> str:
+    """What the recurring-problems policy does with a throttling sensor flap, from the samples that see it (every
+    `interval` s from t = 0): "drain" (a hot spell one continuous episode past the drain dwell, or hot samples well over
+    the hourly share for an hour), "alert" (alerts only), or "either" (in a band where timing decides)."""
+    lasts_s = math.inf if spec.duration is None else spec.duration
+    first = math.ceil(spec.at / interval) * interval
+    times = [first + k * interval for k in range(int(min(lasts_s, FLAP_SPELL_SAFE_S) // interval))]
+    hot = [(t - spec.at) % spec.period_s < spec.duty * spec.period_s for t in times]
+    spell = run = 0
+    for h in hot:
+        run = run + 1 if h else 0
+        spell = max(spell, run)
+    spell_s = spell * interval
+    hour = hot[:int(FLAP_SHARE_AFTER_S // interval)]
+    share = sum(hour) / len(hour) if len(hour) * interval >= FLAP_SHARE_AFTER_S else 0.0
+    if spell_s >= FLAP_SPELL_DRAIN_S[1] or share >= FLAP_SHARE_DRAIN[1]:
+        return "drain"
+    if spell_s > FLAP_SPELL_DRAIN_S[0] or share > FLAP_SHARE_DRAIN[0]:
+        return "either"
+    return "alert"
 
 
 def _sampled_for(spec, seconds: float) -> bool:
@@ -171,12 +205,13 @@ def _port_tokens(spec) -> list[str]:
 
 def truth_record(*, run_id: str, number: int, spec, fleet: Fleet, host: int, gpus, job: str | None,
                  rank: int | None, start_ts: float, nccl: bool, part: int | None = None,
-                 down: Sequence[int] = ()) -> dict:
+                 down: Sequence[int] = (), interval: float = 10.0) -> dict:
     """The InjectedFault dict (schemas/analytics.py) of injection `number`; `nccl`: the run publishes NCCL records.
     `part`: the host's place in a whole rack's injection, which has one record per host (fault id `<id>.<part>`);
-    `down`: the hosts a host_down takes away (the target, or its whole rack)."""
+    `down`: the hosts a host_down takes away (the target, or its whole rack); `interval`: between samples."""
     ranked = nccl and job is not None
-    expected, hardware = expected_tokens(spec, fleet, ranked, stalled=nccl and stalls_job(spec, fleet, job, down))
+    expected, hardware = expected_tokens(spec, fleet, ranked, stalled=nccl and stalls_job(spec, fleet, job, down),
+                                         interval=interval)
     params = {k: float(v) for k, v in spec.model_dump(exclude=COMMON_FIELDS).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {

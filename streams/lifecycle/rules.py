@@ -31,7 +31,12 @@ class LifecycleConfig(BaseModel):
     enter_dwell_s: float = Field(default=120.0, description="score held below suspect_below this long -> suspect")
     exit_dwell_s: float = Field(default=300.0, description="score held above healthy_above this long -> healthy")
     min_dwell_s: float = Field(default=600.0, description="least time in healthy or suspect before a soft move")
-    drain_dwell_s: float = Field(default=600.0, description="time below suspect_below while suspect -> drain")
+    drain_dwell_s: float = Field(default=600.0, description="one continuous episode below suspect_below this long "
+                                 "while suspect -> drain (inspect)")
+    low_share_inspect: float = Field(default=0.75, gt=0, le=1, description=(
+        "a node whose score was below suspect_below for more than this share of low_share_window_s, in episodes "
+        "however short (a GPU that keeps crossing a limit), is drained for inspection"))
+    low_share_window_s: float = Field(default=3600.0, gt=0, le=86_400)
     max_gap_s: float = Field(default=180.0, description="a longer silence between scores counts toward no dwell")
     drain_bins: tuple[str, ...] = ("reset", "reboot", "inspect", "replace")  # retry/ignore never drain
     repropose_s: float = Field(default=60.0, description="wait before asking again after a denied drain")
@@ -75,7 +80,8 @@ class Node:
     score_ts: float = 0.0
     low_since: float | None = None
     high_since: float | None = None
-    below_s: float = 0.0
+    below_s: float = 0.0  # the current continuous episode below suspect_below while suspect
+    low_log: list[list[float]] = field(default_factory=list)  # [start, end] below suspect_below, low_share_window_s
     episode: int = 0
     asks: int = 0  # drain proposals made (ids)
     sent: int = 0  # requests sent (ids)
@@ -121,6 +127,8 @@ def _go(n: Node, host: str, to: str, ts: float, reason: str, evidence: Mapping, 
     n.state, n.since, n.initial = to, ts, False
     n.low_since = n.high_since = None
     n.below_s = 0.0
+    if to not in SCHEDULABLE:
+        n.low_log = []  # out of service: what comes back is measured afresh
     out.states.append(NodeState(host=host, state=to, prev_state=prev, since=ts, ts=ts, schedulable=to in SCHEDULABLE,
                                 reason=reason, evidence=_evidence(evidence)))
 
@@ -213,10 +221,12 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
     dt = ts - n.score_ts if n.score_ts and ts - n.score_ts <= cfg.max_gap_s else 0.0
     if n.score < cfg.suspect_below and n.state == SUSPECT:
         n.below_s += dt
+    if n.score < cfg.suspect_below and dt:
+        n.low_log = _log_low(n.low_log, n.score_ts, ts, cfg.low_share_window_s)
     if score < cfg.suspect_below:
         n.low_since = n.low_since if n.low_since is not None and dt else ts
     else:
-        n.low_since = None
+        n.low_since, n.below_s = None, 0.0  # the episode is over: the drain dwell measures one, not a sum of them
     if score > cfg.healthy_above:
         n.high_since = n.high_since if n.high_since is not None and dt else ts
     else:
@@ -234,6 +244,15 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
         gated = ", ".join(sorted(fresh))
         _propose(n, host, ts, {"repair": repair, "mode": "immediate", "reason": f"hard gate: {gated}",
                                "evidence": {"gates": gated, "score": score}}, cfg, out)
+    elif (low_s := _low_s(n.low_log, ts, cfg.low_share_window_s)) > cfg.low_share_inspect * cfg.low_share_window_s:
+        minutes = cfg.low_share_window_s / 60
+        _propose(n, host, ts, {"repair": "inspect", "mode": "after_jobs",
+                               "reason": f"score below {cfg.suspect_below:g} for {low_s:.0f}s of the last {minutes:g} "
+                                         f"min in {len(n.low_log)} episodes (more than "
+                                         f"{cfg.low_share_inspect:.0%}): a recurring problem",
+                               "evidence": {"score": score, "low_s": round(low_s), "episodes": len(n.low_log),
+                                            "window_s": cfg.low_share_window_s, "share": cfg.low_share_inspect,
+                                            "penalties": _penalties(row)}}, cfg, out)
     elif n.state == HEALTHY and n.low_since is not None and ts - n.low_since >= cfg.enter_dwell_s and dwelt:
         _go(n, host, SUSPECT, ts, f"score {score:g} below {cfg.suspect_below:g} for {ts - n.low_since:.0f}s",
             {"score": score, "penalties": _penalties(row)}, out)
@@ -247,6 +266,20 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
                                    "reason": f"score below {cfg.suspect_below:g} for {n.below_s:.0f}s while suspect",
                                    "evidence": {"score": score, "penalties": _penalties(row)}}, cfg, out)
     return out
+
+
+def _log_low(log: list[list[float]], start: float, end: float, window_s: float) -> list[list[float]]:
+    """The node's time below suspect_below within the window: [start, end] added (joined to the last episode when it
+    continues it), episodes that ended before the window dropped."""
+    kept = [e for e in log if e[1] > end - window_s]
+    if kept and kept[-1][1] >= start:
+        return [*kept[:-1], [kept[-1][0], max(kept[-1][1], end)]]
+    return [*kept, [start, end]]
+
+
+def _low_s(log: list[list[float]], now: float, window_s: float) -> float:
+    """Seconds below suspect_below within the window that ends now."""
+    return sum(max(0.0, min(e, now) - max(s, now - window_s)) for s, e in log)
 
 
 def _penalties(row: Mapping) -> str:

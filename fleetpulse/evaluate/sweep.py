@@ -1,0 +1,122 @@
+"""Sweeps: one fault family over a grid of its parameters, through the real stage code offline, against truth.
+
+    python -m fleetpulse.evaluate.sweep flaps [--periods 30,60,...] [--duties 0.25,0.5,0.9] [--hours 2]
+
+Each cell simulates a small fleet with the fault on one GPU and runs every stage on it one record at a time, each
+output delivered at once to the steps that read it (streams/runtime/offline.py: what a never-lagging worker decides;
+the batch-invariance test holds the worker to the same decisions). No broker, no store, no bot: drain requests are
+the decisions (first attempts; nobody answers them). A cell passes when the pipeline drained exactly when the
+simulator's truth says it should (agents/simulator/truth.py) and paged at most `max_pages_per_hour`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+
+from agents.simulator.kinds import SensorFlap
+from agents.simulator.runner import FleetSimulator
+from agents.simulator.truth import flap_outcome
+from schemas.codec import encode
+from schemas.topics import AGENT, ALERTS, DRAIN, SAMPLES
+from streams import registry
+from streams.runtime.offline import delivery_order, offline_steps
+from streams.settings import streams_settings
+
+T0 = 1_700_000_000.0
+PERIODS = (30.0, 60.0, 180.0, 300.0, 600.0, 1200.0, 2400.0, 3600.0)
+DUTIES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid cell's outcome: drain requests (time into the run, reason), pages, and what truth expects: "drain",
+    "alert" (no drain), or "either" (a band where timing decides: not judged)."""
+
+    params: dict
+    drains: list[tuple[float, str]]
+    pages: int
+    hours: float
+    truth: str
+
+    @property
+    def pages_per_hour(self) -> float:
+        return self.pages / self.hours
+
+    def ok(self, max_pages_per_hour: float) -> bool:
+        drained = "drain" if self.drains else "alert"
+        return self.truth in (drained, "either") and len(self.drains) <= 1 and self.pages_per_hour <= max_pages_per_hour
+
+
+def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 10.0, seed: int = 1,
+             band: bool = False) -> Cell:
+    """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage; `band`: truth says the cell
+    may go either way."""
+    scenario = {"name": "sweep", "fleet": {"hosts": hosts}, "faults": [fault]}
+    sim = FleetSimulator(seed=seed, scenario=scenario, start_ts=T0, interval=interval_s, nccl_interval=0)
+    truth: list[dict] = []
+
+    def inputs() -> Iterator:
+        for _ in range(round(hours * 3600 / interval_s)):
+            tick = sim.step()
+            truth.extend(tick.truth)
+            for topic, records in ((AGENT, tick.agent), (SAMPLES, tick.samples)):
+                for value in records:
+                    yield topic, value["host"], topic.decode(encode(value))
+
+    _, made = delivery_order(offline_steps(registry.select(None), streams_settings(None)), inputs())
+    emits = [e for out in made.values() for e in out]
+    drains = [d for d in (orjson.loads(e.value) for e in emits if e.to is DRAIN)
+              if d["action"] == "drain" and "resend_of" not in d["evidence"]]
+    pages = [a for a in (orjson.loads(e.value) for e in emits if e.to is ALERTS)
+             if a["status"] == "firing" and not (a.get("labels") or {}).get("incident")]
+    params = {k: v for k, v in fault.items() if k not in ("kind", "at", "host", "gpu")}
+    expected = "either" if band else "drain" if any("drain" in t["expected"] for t in truth) else "alert"
+    return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected)
+
+
+def flap(period_s: float, duty: float) -> dict:
+    """A temperature reading flapping between 84 C and 90 C (past the 87 C max operating and 89 C slowdown limits:
+    the GPU throttles while it reads high)."""
+    return {"kind": "sensor_flap", "at": 0, "host": 0, "gpu": 2, "low_c": 84, "high_c": 90, "period_s": period_s,
+            "duty": duty}
+
+
+def flaps(periods=PERIODS, duties=DUTIES, hours: float = 2.0, interval_s: float = 10.0) -> list[Cell]:
+    return [run_cell(f, hours=hours, interval_s=interval_s,
+                     band=flap_outcome(SensorFlap.model_validate(f), interval_s) == "either")
+            for f in (flap(p, d) for p in periods for d in duties)]
+
+
+def table(cells: list[Cell], max_pages_per_hour: float) -> str:
+    lines = ["| period s | duty | high spell s | truth | drained at s | reason | pages/h | ok |",
+             "|---:|---:|---:|---|---|---|---:|---|"]
+    for c in cells:
+        p, d = c.params["period_s"], c.params["duty"]
+        at = ", ".join(f"{t:.0f}" for t, _ in c.drains) or "-"
+        why = c.drains[0][1][:70] if c.drains else ""
+        lines.append(f"| {p:g} | {d:g} | {p * d:g} | {c.truth} | {at} | {why} | "
+                     f"{c.pages_per_hour:.1f} | {'yes' if c.ok(max_pages_per_hour) else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("family", choices=("flaps",))
+    p.add_argument("--periods", default=",".join(f"{x:g}" for x in PERIODS))
+    p.add_argument("--duties", default=",".join(f"{x:g}" for x in DUTIES))
+    p.add_argument("--hours", type=float, default=2.0)
+    p.add_argument("--max-pages-per-hour", type=float, default=4.0)
+    args = p.parse_args(argv)
+    cells = flaps([float(x) for x in args.periods.split(",")], [float(x) for x in args.duties.split(",")],
+                  args.hours)
+    print(table(cells, args.max_pages_per_hour))
+    return 0 if all(c.ok(args.max_pages_per_hour) for c in cells) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
