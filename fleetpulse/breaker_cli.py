@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from core.errors import BrokerError
 from core.settings import CommonSettings, load
+from streams.lifecycle.usable_compute import known_nodes
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -69,7 +70,7 @@ def summary(state: dict, namespace: str) -> dict:
         "admitted_total": breaker.get("admitted", 0),
         "drains_in_window": [{"ts": ts, "host": host} for ts, host in breaker.get("window", [])],
         "last_reset": breaker.get("last_reset") or None,
-        "known_nodes": sum(1 for k in state if k.startswith("share:")),
+        "known_nodes": len(known_nodes(state)),
         "usable_compute": state.get("usable_compute"),
     }
 

@@ -27,7 +27,9 @@ from schemas.topics import (
 )
 from streams.lifecycle import rules as lc
 from streams.lifecycle.breaker import Breaker, BreakerConfig, add_busbw, breaker_config, decide, reset
-from streams.lifecycle.usable_compute import add_change, changed, fleet_usable, fold, minutes_due, node_share
+from streams.lifecycle.usable_compute import (
+    add_change, changed, fleet_usable, fold, known_nodes, minutes_due, node_share,
+)
 from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
 
 NODES, FLEET = "nodes", "fleet"
@@ -130,8 +132,7 @@ def _fold(state: State, end: float) -> None:
 
 def _fleet_size(state: State) -> int:
     """Nodes the fleet step has heard of, reported or still pending (the breaker's cap is a share of them)."""
-    return len({k.removeprefix("share:") for k in state.scan(FLEET, "share:")}
-               | {k.removeprefix("pending:") for k in state.scan(FLEET, "pending:")})
+    return len(known_nodes([*state.scan(FLEET, "share:"), *state.scan(FLEET, "pending:")]))
 
 
 def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig) -> list[Emit]:

@@ -64,6 +64,12 @@ def minutes_due(last_minute: int | None, ts: float, max_minutes: int = 60,
     return due, max(last_minute, now - 1)
 
 
+def known_nodes(keys: Iterable[str]) -> set[str]:
+    """The nodes the fleet step's table has heard of: a reported share ("share:<host>") or one still pending
+    ("pending:<host>")."""
+    return {k.split(":", 1)[1] for k in keys if k.startswith(("share:", "pending:"))}
+
+
 def add_change(changes: list[list], ts: float, share: list[float]) -> list[list]:
     """A node's share changes not yet folded into a reported minute, kept in event-time order (ties in arrival
     order): a change decided late, after later records of other nodes, still lands in its own minute."""
