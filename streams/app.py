@@ -18,7 +18,7 @@ from streams.emit import Emitter, TopicEmitter
 from streams.metrics import MetricsRegistry
 from streams.runtime import delivery
 from streams.runtime.lane import Lane, Wired
-from streams.runtime.offsets import GapWatch, watch_offset_gaps
+from streams.runtime.offsets import GapWatch, RewindingConsumer, watch_offset_gaps
 from streams.runtime.spec import StageSpec
 from streams.settings import StreamsSettings, streams_settings
 
@@ -135,6 +135,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     namespace = app_id(s.topic_prefix)
     direct = delivery.install(s.streams_eager_delivery) and s.streams_direct_lanes
     faust_kafka.Transport.Producer = IdempotentProducer  # the transport builds the app's producer when first used
+    faust_kafka.Transport.Consumer = RewindingConsumer  # and its consumer at start-up
     app = faust.App(
         group_id(s.topic_prefix, worker),
         Table=_namespaced_table(namespace),

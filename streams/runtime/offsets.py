@@ -16,11 +16,42 @@ stale. Reaches into faust's consumer (`_acked`, `_committed_offset`, `_read_offs
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import faust
+from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
 log = logging.getLogger("fleetpulse.streams.runtime")
+
+
+async def rewind_uncommitted(consumer, committed: Mapping) -> list:
+    """Seek the partitions whose group has committed nothing (or offset 0) to their first record.
+
+    faust re-reads what it dropped around a rebalance (getmany discards records fetched while the flow is stopped, or
+    for a partition not active yet) by seeking every partition to its committed offset. aiokafka's seek_to_committed
+    seeks only to offsets above 0, so a partition nothing was committed on stays where the dropped fetch left it and
+    those records are never read: a worker restarted before its first commit on an internal topic lost the rack power
+    reports there (faust 0.15.3, aiokafka 0.12; tests/streams/test_offsets.py). Changelogs are the tables' recovery's
+    own to seek."""
+    fresh = [tp for tp, offset in committed.items() if not offset and not tp.topic.endswith("-changelog")]
+    if fresh:
+        await consumer.seek_to_beginning(*fresh)
+    return fresh
+
+
+class RewindingConsumerThread(faust_kafka.AIOKafkaConsumerThread):
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        committed = await super().seek_to_committed()
+        await self.call_thread(rewind_uncommitted, self._ensure_consumer(), committed)
+        return committed
+
+
+class RewindingConsumer(faust_kafka.Consumer):
+    """faust's consumer whose seek back to committed offsets also rewinds partitions with nothing committed."""
+
+    def _new_consumer_thread(self) -> RewindingConsumerThread:
+        return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
 
 def stall(acked: list[int] | None, committed: int | None, read: int | None, end: int | None) -> tuple[int, int] | None:
