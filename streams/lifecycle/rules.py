@@ -220,8 +220,8 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
     n.inputs["gated"] = float(bool(row["gates"]))
     dt = ts - n.score_ts if n.score_ts and ts - n.score_ts <= cfg.max_gap_s else 0.0
     if n.score < cfg.suspect_below and n.state == SUSPECT:
-        n.below_s += dt
-    if n.score < cfg.suspect_below and dt:
+        n.below_s = n.below_s + dt if dt else 0.0  # a silence longer than max_gap_s ends the episode too
+    if n.score < cfg.suspect_below and dt and n.state in SCHEDULABLE:  # out of service: what it was drained for
         n.low_log = _log_low(n.low_log, n.score_ts, ts, cfg.low_share_window_s)
     if score < cfg.suspect_below:
         n.low_since = n.low_since if n.low_since is not None and dt else ts
@@ -244,7 +244,8 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
         gated = ", ".join(sorted(fresh))
         _propose(n, host, ts, {"repair": repair, "mode": "immediate", "reason": f"hard gate: {gated}",
                                "evidence": {"gates": gated, "score": score}}, cfg, out)
-    elif (low_s := _low_s(n.low_log, ts, cfg.low_share_window_s)) > cfg.low_share_inspect * cfg.low_share_window_s:
+    elif n.proposal is None and (low_s := _low_s(n.low_log, ts, cfg.low_share_window_s)) > \
+            cfg.low_share_inspect * cfg.low_share_window_s:  # never instead of a pending drain's own cause
         minutes = cfg.low_share_window_s / 60
         _propose(n, host, ts, {"repair": "inspect", "mode": "after_jobs",
                                "reason": f"score below {cfg.suspect_below:g} for {low_s:.0f}s of the last {minutes:g} "

@@ -93,8 +93,9 @@ def node_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig
         if n.inputs and changed(n.share, share):
             n.share = share
             fleet.append({"kind": "share", "host": host, "ts": ts, "share": share})
-        if int(ts // 60) > state.memo.get("minute", -1):  # the fleet's minute clock moves even when nothing changes
-            state.memo["minute"] = int(ts // 60)
+        due = int((ts - cfg.node.minute_lateness_s) // 60)  # the fleet's minute clock moves even when nothing
+        if due > state.memo.get("minute", -1):  # changes, when a minute comes due (minute_lateness_s after its end)
+            state.memo["minute"] = due
             fleet.append({"kind": "tick", "ts": ts})
         out += [Emit(NODE_STATE, host.encode(), encode(st), f"{host} {st.prev_state} -> {st.state}: {st.reason}")
                 for st in o.states]
@@ -111,6 +112,8 @@ def _share(state: State, rec: dict) -> None:
     minute, host = state.get(FLEET, "minute"), rec["host"]
     if minute is not None and float(rec["ts"]) < (minute + 1) * 60.0:
         state.put(FLEET, f"share:{host}", rec["share"])
+        if state.get(FLEET, f"pending:{host}") is not None:
+            state.delete(FLEET, f"pending:{host}")  # the node's newest change: what was pending is superseded
     else:
         state.put(FLEET, f"pending:{host}", add_change(state.get(FLEET, f"pending:{host}", []), float(rec["ts"]),
                                                        rec["share"]))

@@ -71,12 +71,11 @@ def known_nodes(keys: Iterable[str]) -> set[str]:
 
 
 def add_change(changes: list[list], ts: float, share: list[float]) -> list[list]:
-    """A node's share changes not yet folded into a reported minute, kept in event-time order (ties in arrival
-    order): a change decided late, after later records of other nodes, still lands in its own minute."""
-    at = len(changes)
-    while at and changes[at - 1][0] > ts:
-        at -= 1
-    return [*changes[:at], [ts, share], *changes[at:]]
+    """A node's share changes not yet folded into a reported minute, in event-time order. A node's own changes
+    arrive in the order its state moved, so the newest holds from its time on and replaces any dated later (a drain
+    is dated at its proposal, before health rows that came during the breaker's round trip); other nodes' later
+    records never displace it: it still lands in its own minute."""
+    return [*(c for c in changes if c[0] <= ts), [ts, share]]
 
 
 def fold(changes: list[list], end: float) -> tuple[list[float] | None, list[list]]:

@@ -32,7 +32,7 @@ async def rewind_uncommitted(consumer, committed: Mapping) -> list:
     for a partition not active yet) by seeking every partition to its committed offset. aiokafka's seek_to_committed
     seeks only to offsets above 0, so a partition nothing was committed on stays where the dropped fetch left it and
     those records are never read: a worker restarted before its first commit on an internal topic lost the rack power
-    reports there (faust 0.15.3, aiokafka 0.12; tests/streams/test_offsets.py). Changelogs are the tables' recovery's
+    reports there (faust 0.15.3, aiokafka 0.12; tests/streams/test_offset_gaps.py). Changelogs are the tables' recovery's
     own to seek."""
     fresh = [tp for tp, offset in committed.items() if not offset and not tp.topic.endswith("-changelog")]
     if fresh:

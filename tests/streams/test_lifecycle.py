@@ -298,6 +298,33 @@ def test_a_node_low_most_of_the_hour_in_short_spells_is_drained_for_inspection_o
     assert float(drain.evidence["low_s"]) > 0.75 * 3600 and drain.ts - T0 < 3600
 
 
+def test_time_out_of_service_does_not_count_toward_the_hourly_share_after_a_return():
+    f = Fleet()
+    for k in range(6 * 60):  # drained for inspection by the hourly share, as above
+        f.health("h1", T0 + 10 * k, 90.0 if k % 6 == 5 else 40.0)
+    t = T0 + 3600
+    f.result("h1", t, "drain")
+    f.result("h1", t + 10, "repair")
+    for k in range(1, 360):  # an hour of validation (burn-in), its score low throughout
+        f.health("h1", t + 10 + 10 * k, 30.0)
+    f.result("h1", t + 3610, "validate", dcgm_diag_level=3, nccl_busbw_gbs=400.0)
+    assert f.path("h1")[-1] == "healthy"
+    f.health("h1", t + 3620, 40.0)
+    f.health("h1", t + 3630, 40.0)
+    assert [r.action for r in f.requests if r.ts > t + 3610] == [], f.requests[-1]
+
+
+def test_the_hourly_share_never_replaces_the_cause_of_a_drain_waiting_for_the_breaker():
+    n = Node(low_log=[[T0 - 3500, T0]], score=40.0, score_ts=T0, initial=False, since=T0 - 7200)
+    fault = {"fault_id": "f1", "host": "h1", "gpu_index": 3, "code": "xid:119", "bin": "reset", "rule": "catalog",
+             "count": 1, "first_ts": T0 + 5, "last_ts": T0 + 5, "ts": T0 + 5, "evidence": {"line": "Xid 119"}}
+    on_fault(n, "h1", fault, CFG)
+    cause = dict(n.proposal["cause"])
+    assert (cause["repair"], cause["mode"]) == ("reset", "immediate")
+    on_health(n, "h1", {"host": "h1", "ts": T0 + 10, "score": 40.0, "gates": [], "penalties": [], "inputs": {}}, CFG)
+    assert n.proposal["cause"] == cause
+
+
 def test_spells_below_the_hourly_share_never_drain():
     f = Fleet()
     for k in range(3 * 6 * 60):  # 40 s low of every minute for three hours: 67 % of each hour

@@ -83,14 +83,16 @@ def test_a_minute_is_reported_only_once_the_clock_is_its_lateness_past_it():
     assert minutes_due(100, 6_300.0, lateness_s=120) == ([101, 102], 102)
 
 
-def test_share_changes_fold_in_event_time_order_whatever_order_they_came_in():
-    changes = add_change([], 130.0, [8, 8])
-    changes = add_change(changes, 70.0, [8, 0])  # decided after the later change reached the fleet step
-    changes = add_change(changes, 130.0, [8, 4])  # a tie keeps arrival order
-    assert changes == [[70.0, [8, 0]], [130.0, [8, 8]], [130.0, [8, 4]]]
-    assert fold(changes, 60.0) == (None, changes)
-    assert fold(changes, 120.0) == ([8, 0], changes[1:])
-    assert fold(changes, 180.0) == ([8, 4], [])
+def test_a_node_s_newest_change_holds_from_its_time_on():
+    changes = add_change(add_change([], 50.0, [8, 8]), 130.0, [8, 6])
+    assert changes == [[50.0, [8, 8]], [130.0, [8, 6]]]
+    # the drain, dated at its proposal (70), came after the health row of 130: the node is out from 70 on
+    changes = add_change(changes, 70.0, [8, 0])
+    assert changes == [[50.0, [8, 8]], [70.0, [8, 0]]]
+    changes = add_change(changes, 70.0, [8, 0, 1])  # a tie: the newer arrival last
+    assert fold(changes, 60.0) == ([8, 8], changes[1:])
+    assert fold(changes, 120.0) == ([8, 0, 1], [])
+    assert fold([], 120.0) == (None, [])
 
 
 def _fleet_step():
@@ -124,7 +126,11 @@ def test_each_minute_counts_what_happened_in_it_whatever_the_arrival_order_withi
     """A drain decided after other nodes' later records reached the fleet step (the breaker's round trip, a lagging
     worker) still counts in the minute it happened in: arrivals up to 100 s late (lateness 120 s) change nothing."""
     in_order = _minutes(EVENTS)
-    late = [r for _, _, r in sorted((r["ts"] + d, i, r) for i, (r, d) in enumerate(zip(EVENTS, delays)))]
+    arrival = [r for _, _, r in sorted((r["ts"] + d, i, r) for i, (r, d) in enumerate(zip(EVENTS, delays)))]
+    own = {}  # each node's records keep their order (its lifecycle sends them as its state moves): only the
+    for r in EVENTS:  # interleaving with other nodes' records and the clock changes
+        own.setdefault(r.get("host"), []).append(r)
+    late = [own[r.get("host")].pop(0) if r.get("host") else r for r in arrival]
     assert _minutes(late) == in_order
     assert in_order[:3] == [(6_000.0, 4, 32.0), (6_060.0, 4, 24.0), (6_120.0, 4, 24.0)]  # h0 out at 6,095
     assert in_order[-1] == (6_600.0, 4, 16.0) and len(in_order) == 11  # h3 out at 6,599; minute 6,660 ends at
