@@ -1,12 +1,15 @@
 """Sweeps: one fault family over a grid of its parameters, through the real stage code offline, against truth.
 
     python -m fleetpulse.evaluate.sweep flaps [--periods 30,60,...] [--duties 0.25,0.5,0.9] [--hours 2]
+    python -m fleetpulse.evaluate.sweep episodes [--durations 30,60,...]
 
 Each cell simulates a small fleet with the fault on one GPU and runs every stage on it one record at a time, each
 output delivered at once to the steps that read it (streams/runtime/offline.py: what a never-lagging worker decides;
 the batch-invariance test holds the worker to the same decisions). No broker, no store, no bot: drain requests are
 the decisions (first attempts; nobody answers them). A cell passes when the pipeline drained exactly when the
-simulator's truth says it should (agents/simulator/truth.py) and paged at most `max_pages_per_hour`.
+simulator's truth says it should (agents/simulator/truth.py) and paged at most `max_pages_per_hour`. Episodes: one
+thermal runaway or power cap of each duration, which must page once at most, drain nothing, and alert exactly when
+it outlasts its rule's dwell (a power cap: GpuSwPowerCap's 300 s; shorter ones are transient by design).
 """
 
 from __future__ import annotations
@@ -42,20 +45,24 @@ class Cell:
     pages: int
     hours: float
     truth: str
+    alerts: tuple[str, ...] = ()  # the conditions that fired (not the incidents), by name
 
     @property
     def pages_per_hour(self) -> float:
         return self.pages / self.hours
 
     def ok(self, max_pages_per_hour: float) -> bool:
+        if self.truth.startswith(("alert once", "nothing")):  # an episode: judged by what it raised
+            raised = "alert once" if self.alerts else "nothing"
+            return raised in self.truth.split(" or ") and not self.drains and self.pages <= 1
         drained = "drain" if self.drains else "alert"
         return self.truth in (drained, "either") and len(self.drains) <= 1 and self.pages_per_hour <= max_pages_per_hour
 
 
 def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 10.0, seed: int = 1,
-             band: bool = False) -> Cell:
+             band: bool = False, outcome: str | None = None) -> Cell:
     """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage; `band`: truth says the cell
-    may go either way."""
+    may go either way; `outcome`: what the cell must show, where the family says it rather than truth's tokens."""
     scenario = {"name": "sweep", "fleet": {"hosts": hosts}, "faults": [fault]}
     sim = FleetSimulator(seed=seed, scenario=scenario, start_ts=T0, interval=interval_s, nccl_interval=0)
     truth: list[dict] = []
@@ -72,11 +79,12 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
     emits = [e for out in made.values() for e in out]
     drains = [d for d in (orjson.loads(e.value) for e in emits if e.to is DRAIN)
               if d["action"] == "drain" and "resend_of" not in d["evidence"]]
-    pages = [a for a in (orjson.loads(e.value) for e in emits if e.to is ALERTS)
-             if a["status"] == "firing" and not (a.get("labels") or {}).get("incident")]
-    params = {k: v for k, v in fault.items() if k not in ("kind", "at", "host", "gpu")}
-    expected = "either" if band else "drain" if any("drain" in t["expected"] for t in truth) else "alert"
-    return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected)
+    firing = [a for a in (orjson.loads(e.value) for e in emits if e.to is ALERTS) if a["status"] == "firing"]
+    pages = [a for a in firing if not (a.get("labels") or {}).get("incident")]
+    conditions = tuple(sorted({a["alertname"] for a in firing if (a.get("labels") or {}).get("incident")}))
+    params = {k: v for k, v in fault.items() if k not in ("host", "gpu")}
+    expected = outcome or ("either" if band else "drain" if any("drain" in t["expected"] for t in truth) else "alert")
+    return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected, conditions)
 
 
 def flap(period_s: float, duty: float) -> dict:
@@ -90,6 +98,37 @@ def flaps(periods=PERIODS, duties=DUTIES, hours: float = 2.0, interval_s: float 
     return [run_cell(f, hours=hours, interval_s=interval_s,
                      band=flap_outcome(SensorFlap.model_validate(f), interval_s) == "either")
             for f in (flap(p, d) for p in periods for d in duties)]
+
+
+def episode(kind: str, duration_s: float) -> dict:
+    """One thermal runaway (to 91 C in 15 s) or one power cap at 400 W, 60 s into the run."""
+    extra = {"peak_c": 91, "ramp_s": 15} if kind == "thermal_runaway" else {"cap_w": 400}
+    return {"kind": kind, "at": 60, "duration": duration_s, "host": 0, "gpu": 3, **extra}
+
+
+def episode_outcome(kind: str, duration_s: float, interval_s: float) -> str:
+    """A runaway alerts once when two samples see it past the 89 C slowdown limit (GpuTempSlowdown's 15 s dwell; the
+    15 s ramp and 10 s samples make that 35 s or more, give or take a sample); a power cap once it held clocks down
+    for GpuSwPowerCap's 300 s dwell in the samples, within a sample of it either way; the rest is transient by
+    design: it raises nothing."""
+    dwell = 35.0 if kind == "thermal_runaway" else 300.0
+    if abs(duration_s - dwell) <= interval_s:
+        return "alert once or nothing"
+    return "alert once" if duration_s > dwell else "nothing"
+
+
+def episodes(durations=(30.0, 60.0, 120.0, 240.0, 300.0, 360.0, 600.0), interval_s: float = 10.0) -> list[Cell]:
+    return [run_cell(episode(kind, d), hours=(d + 600) / 3600, interval_s=interval_s,
+                     outcome=episode_outcome(kind, d, interval_s))
+            for kind in ("thermal_runaway", "power_cap") for d in durations]
+
+
+def episode_table(cells: list[Cell]) -> str:
+    lines = ["| kind | duration s | truth | conditions fired | pages | drains | ok |", "|---|---:|---|---|---:|---:|---|"]
+    for c in cells:
+        lines.append(f"| {c.params['kind']} | {c.params['duration']:g} | {c.truth} | {', '.join(c.alerts) or '-'} | "
+                     f"{c.pages} | {len(c.drains)} | {'yes' if c.ok(0) else 'NO'} |")
+    return "\n".join(lines)
 
 
 def table(cells: list[Cell], max_pages_per_hour: float) -> str:
@@ -106,12 +145,17 @@ def table(cells: list[Cell], max_pages_per_hour: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("family", choices=("flaps",))
+    p.add_argument("family", choices=("flaps", "episodes"))
+    p.add_argument("--durations", default="30,60,120,240,300,360,600", help="episodes: seconds each")
     p.add_argument("--periods", default=",".join(f"{x:g}" for x in PERIODS))
     p.add_argument("--duties", default=",".join(f"{x:g}" for x in DUTIES))
     p.add_argument("--hours", type=float, default=2.0)
     p.add_argument("--max-pages-per-hour", type=float, default=4.0)
     args = p.parse_args(argv)
+    if args.family == "episodes":
+        cells = episodes([float(x) for x in args.durations.split(",")])
+        print(episode_table(cells))
+        return 0 if all(c.ok(0) for c in cells) else 1
     cells = flaps([float(x) for x in args.periods.split(",")], [float(x) for x in args.duties.split(",")],
                   args.hours)
     print(table(cells, args.max_pages_per_hour))

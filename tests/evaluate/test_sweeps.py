@@ -16,3 +16,11 @@ def test_sensor_flaps_drain_only_where_the_recurring_problems_policy_says_and_pa
     assert [c.truth for c in cells] == ["alert", "alert", "drain"] * 2 + ["alert", "drain", "drain"], table
     reasons = [why for c in cells for _, why in c.drains]
     assert any("of the last 60 min" in r for r in reasons) and any("while suspect" in r for r in reasons), table
+
+
+def test_a_runaway_or_a_power_cap_past_its_dwell_alerts_once_and_a_shorter_one_raises_nothing():
+    cells = sweep.episodes(durations=(20.0, 120.0, 600.0))
+    table = sweep.episode_table(cells)
+    assert all(c.ok(0) for c in cells), table
+    assert [c.truth for c in cells] == ["nothing", "alert once", "alert once", "nothing", "nothing", "alert once"]
+    assert [c.pages for c in cells] == [0, 1, 1, 0, 0, 0], table  # a power cap is info: a condition, never a page
