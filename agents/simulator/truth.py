@@ -25,7 +25,7 @@ EXPECTED = {
     "gpu_lost": ["fault:gpu_lost", "fault:xid:79", "bin:reboot", "drain"],
     "congestion": [],
     "sensor_flap": [],  # + alert:thermal when the high reading reaches the GPU's max operating temperature, + drain
-    # when the recurring-problems policy says so (flap_drains)
+    # when the recurring-problems policy says so (flap_outcome)
     "host_down": ["fault:host_silent", "bin:reboot", "drain"],
     "job_crash": [],  # + alert:JobStalled when the run publishes NCCL records (stalls_job)
     "power_surge": [],

@@ -60,9 +60,10 @@ class Cell:
 
 
 def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 10.0, seed: int = 1,
-             band: bool = False, outcome: str | None = None) -> Cell:
-    """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage; `band`: truth says the cell
-    may go either way; `outcome`: what the cell must show, where the family says it rather than truth's tokens."""
+             outcome: str | None = None) -> Cell:
+    """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage; `outcome`: what the cell
+    must show where the family says it (a band where timing decides, an episode's alert) rather than truth's
+    tokens."""
     scenario = {"name": "sweep", "fleet": {"hosts": hosts}, "faults": [fault]}
     sim = FleetSimulator(seed=seed, scenario=scenario, start_ts=T0, interval=interval_s, nccl_interval=0)
     truth: list[dict] = []
@@ -83,7 +84,7 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
     pages = [a for a in firing if not (a.get("labels") or {}).get("incident")]
     conditions = tuple(sorted({a["alertname"] for a in firing if (a.get("labels") or {}).get("incident")}))
     params = {k: v for k, v in fault.items() if k not in ("host", "gpu")}
-    expected = outcome or ("either" if band else "drain" if any("drain" in t["expected"] for t in truth) else "alert")
+    expected = outcome or ("drain" if any("drain" in t["expected"] for t in truth) else "alert")
     return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected, conditions)
 
 
@@ -95,9 +96,13 @@ def flap(period_s: float, duty: float) -> dict:
 
 
 def flaps(periods=PERIODS, duties=DUTIES, hours: float = 2.0, interval_s: float = 10.0) -> list[Cell]:
-    return [run_cell(f, hours=hours, interval_s=interval_s,
-                     band=flap_outcome(SensorFlap.model_validate(f), interval_s) == "either")
+    return [run_cell(f, hours=hours, interval_s=interval_s, outcome=_band(f, interval_s))
             for f in (flap(p, d) for p in periods for d in duties)]
+
+
+def _band(fault: dict, interval_s: float) -> str | None:
+    """"either" for a flap in the band where timing decides (not judged), else None: truth's tokens judge it."""
+    return "either" if flap_outcome(SensorFlap.model_validate(fault), interval_s) == "either" else None
 
 
 def episode(kind: str, duration_s: float) -> dict:

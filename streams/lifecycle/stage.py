@@ -150,9 +150,10 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
             minutes_due(state.get(FLEET, "minute"), float(rec["ts"]), lateness_s=cfg.node.minute_lateness_s)
         for m in due:
             _fold(state, (m + 1) * 60.0)
-            if not state.scan(FLEET, "share:"):
+            shares = state.scan(FLEET, "share:")
+            if not shares:
                 continue  # no node had reported by then (the clock starts minute_lateness_s before its first input)
-            uc = fleet_usable(state.scan(FLEET, "share:").values(), m * 60.0)
+            uc = fleet_usable(shares.values(), m * 60.0)
             out.append(Emit(USABLE, FLEET_KEY, orjson.dumps(uc)))
             state.put(FLEET, "usable_compute", uc)
         if last is not None and last != state.get(FLEET, "minute"):

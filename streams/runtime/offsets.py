@@ -16,7 +16,7 @@ stale. Reaches into faust's consumer (`_acked`, `_committed_offset`, `_read_offs
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import faust
 from faust.transport.drivers import aiokafka as faust_kafka
@@ -25,16 +25,17 @@ from faust.types import TP
 log = logging.getLogger("fleetpulse.streams.runtime")
 
 
-async def rewind_uncommitted(consumer, committed: Mapping) -> list:
-    """Seek the partitions whose group has committed nothing (or offset 0) to their first record.
+async def rewind_uncommitted(consumer, committed: Mapping, reads: Callable[[str], bool]) -> list:
+    """Seek the partitions of topics the streams read (`reads`: faust's acks_enabled_for, as GapWatch asks; no
+    changelog, which the tables' recovery seeks itself) whose group has committed nothing (or offset 0) to their
+    first record.
 
     faust re-reads what it dropped around a rebalance (getmany discards records fetched while the flow is stopped, or
     for a partition not active yet) by seeking every partition to its committed offset. aiokafka's seek_to_committed
     seeks only to offsets above 0, so a partition nothing was committed on stays where the dropped fetch left it and
     those records are never read: a worker restarted before its first commit on an internal topic lost the rack power
-    reports there (faust 0.15.3, aiokafka 0.12; tests/streams/test_offset_gaps.py). Changelogs are the tables' recovery's
-    own to seek."""
-    fresh = [tp for tp, offset in committed.items() if not offset and not tp.topic.endswith("-changelog")]
+    reports there (faust 0.15.3, aiokafka 0.12; tests/streams/test_offset_gaps.py)."""
+    fresh = [tp for tp, offset in committed.items() if not offset and reads(tp.topic)]
     if fresh:
         await consumer.seek_to_beginning(*fresh)
     return fresh
@@ -43,7 +44,8 @@ async def rewind_uncommitted(consumer, committed: Mapping) -> list:
 class RewindingConsumerThread(faust_kafka.AIOKafkaConsumerThread):
     async def seek_to_committed(self) -> Mapping[TP, int]:
         committed = await super().seek_to_committed()
-        await self.call_thread(rewind_uncommitted, self._ensure_consumer(), committed)
+        await self.call_thread(rewind_uncommitted, self._ensure_consumer(), committed,
+                               self.app.topics.acks_enabled_for)
         return committed
 
 
