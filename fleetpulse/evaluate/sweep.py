@@ -129,7 +129,8 @@ def episodes(durations=(30.0, 60.0, 120.0, 240.0, 300.0, 360.0, 600.0), interval
 
 
 def episode_table(cells: list[Cell]) -> str:
-    lines = ["| kind | duration s | truth | conditions fired | pages | drains | ok |", "|---|---:|---|---|---:|---:|---|"]
+    lines = ["| kind | duration s | truth | conditions fired | pages | drains | ok |",
+             "|---|---:|---|---|---:|---:|---|"]
     for c in cells:
         lines.append(f"| {c.params['kind']} | {c.params['duration']:g} | {c.truth} | {', '.join(c.alerts) or '-'} | "
                      f"{c.pages} | {len(c.drains)} | {'yes' if c.ok(0) else 'NO'} |")
