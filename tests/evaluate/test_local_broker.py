@@ -16,9 +16,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port whose next one is free too: the broker's controller listens on port + 1 (a CI run once found it
+    taken by another connection's ephemeral port, and the broker could not start)."""
+    while True:
+        with socket.socket() as sock, socket.socket() as controller:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            try:
+                controller.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
 
 
 async def test_evaluate_stops_the_local_broker_it_started_and_leaves_one_it_found(settings_env, monkeypatch, tmp_path,
