@@ -158,14 +158,14 @@ class Validator:
     def _finish(self, value: dict) -> dict:
         if self._ts is not None or self._nested_ts is not None:
             self._not_ahead(value)
-        for check in self._checks:
-            reason = check(value)
-            if reason is not None:
-                raise DecodeError(f"invalid {self.model.__name__}: {reason}")
         if len(value) < self._fields:  # a record that carries every field (most do) has no default to fill
             for name, default in self._defaults:
                 if name not in value:
                     value[name] = default()
+        for check in self._checks:  # after the defaults: a cross-field rule may read a field the record left out
+            reason = check(value)
+            if reason is not None:
+                raise DecodeError(f"invalid {self.model.__name__}: {reason}")
         return value
 
     def _not_ahead(self, value: dict) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from core.errors import DecodeError
 from schemas.codec import encode
 from schemas.tables import TABLE_BY_TOPIC
-from schemas.topics import NCCL, SAMPLES, TOPICS, XID
+from schemas.topics import NCCL, NET, SAMPLES, TOPICS, XID
 from tests.schemas.strategies import model_dicts
 
 GPU = {"index": 0, "uuid": "GPU-0", "pci_bus_id": "00000000:18:00.0", "power_w": 400.0, "gpu_temp_c": 61.0}
@@ -85,6 +85,11 @@ def test_unknown_fields_are_dropped_so_old_consumers_read_new_producers():
 def test_a_sample_without_gpus_is_valid_and_stores_no_rows():
     value = SAMPLES.decode(orjson.dumps({**SAMPLE, "gpus": []}))
     assert TABLE_BY_TOPIC[SAMPLES.name].rows(value, 0, 0) == []
+
+
+def test_a_cross_field_rule_sees_the_default_of_a_field_the_record_left_out():
+    value = NET.decode(orjson.dumps({"host": "h1", "ts": 1.7e9, "seq": 0}))  # no "ports": its default is []
+    assert value["ports"] == [] and TABLE_BY_TOPIC[NET.name].rows(value, 0, 0) == []
 
 
 @pytest.mark.parametrize("topic", TOPICS.values(), ids=lambda t: t.name)
