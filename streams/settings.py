@@ -13,6 +13,7 @@ from streams.fault_bins.config import FaultBinConfig
 from streams.health.rules import HealthConfig
 from streams.lifecycle.rules import LifecycleConfig
 from streams.silence.rules import SilenceConfig
+from streams.stragglers.scoring import Config as StragglerConfig
 
 
 class StreamsSettings(CommonSettings):
@@ -52,6 +53,8 @@ class StreamsSettings(CommonSettings):
     breaker: BreakerConfig = Field(default_factory=BreakerConfig, description="drain circuit breaker")
     silence: SilenceConfig = Field(default_factory=SilenceConfig, description="host silence, broken monitors, "
                                    "job stalls")
+    stragglers: StragglerConfig = Field(default_factory=StragglerConfig, description="straggler scoring: windows, "
+                                        "thresholds, K-of-N persistence")
 
     @field_validator("stages", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from core.errors import ConfigError
 from fleetpulse.evaluate.bot import bot_config
 from fleetpulse.evaluate.runner import Plan
 
-PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker", "silence")
+PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker", "silence", "stragglers")
 # What every evaluation sets unless its scenario says otherwise. Flat out, simulated time runs 20-50x faster than the
 # wall clock, and the silence stage's wall-clock wait (against spools replaying after an outage, which the
 # simulator's agents never do) would hold each judgement for minutes of simulated time: 1 s here. For the same reason

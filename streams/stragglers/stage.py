@@ -47,7 +47,8 @@ class StragglerStageConfig:
 
 
 def stage_config(settings: object | None) -> StragglerStageConfig:
-    return StragglerStageConfig()
+    scoring = getattr(settings, "stragglers", None)
+    return StragglerStageConfig(scoring=scoring if isinstance(scoring, Config) else Config())
 
 
 def check_candidate(value: object) -> dict:
@@ -167,6 +168,7 @@ STAGE = StageSpec(
     outputs=(STRAGGLERS, STRAGGLERS_BY_HOST),
     tables=(Table(JOBS, "per-job window sums and K-of-N history", partitions=NCCL.partitions, live=JobState),
             Table(GPUS, "per-host compact GPU condition", partitions=SAMPLES.partitions),
-            Table(HELD, "scores waiting for their host's samples to pass the window end", partitions=SAMPLES.partitions)),
+            Table(HELD, "scores waiting for their host's samples to pass the window end",
+                  partitions=SAMPLES.partitions)),
     config=stage_config,
 )

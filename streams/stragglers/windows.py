@@ -89,6 +89,7 @@ class JobState:
 
     job: str
     world_size: int
+    window_s: float = 30.0  # the grid its windows and history were kept on (a checkpoint before v3: 30 s)
     hosts: list[str] = field(default_factory=list)
     host_of: np.ndarray = None  # index into hosts, -1 unknown
     gpu_of: np.ndarray = None
@@ -191,7 +192,8 @@ class JobState:
     def to_json(self) -> dict:
         arrays = {k: _b64(getattr(self, k)) for k in ("host_of", "gpu_of", "last_ts", "hits", "seen", "flagged",
                                                        "since")}
-        return {"v": 2, "job": self.job, "world_size": self.world_size, "hosts": self.hosts, **arrays, "wm": self.wm,
+        return {"v": 3, "job": self.job, "world_size": self.world_size, "window_s": self.window_s, "hosts": self.hosts,
+                **arrays, "wm": self.wm,
                 "closed": self.closed, "folded_hi": self.folded_hi, "scored": self.scored,
                 "checkpoint_wm": self.checkpoint_wm, "p": self.partition,
                 "windows": {str(w): {**{k: _b64(_counts(getattr(a, k)) if k[0] == "n" else getattr(a, k))
@@ -211,7 +213,8 @@ class JobState:
                                     _arr(a[k], np.uint32).astype(float) for k in SUMS),
                                   a["records"], a["with_compute"],
                                   list(a["period"])) for w, a in raw["windows"].items()}
-        return cls(raw["job"], raw["world_size"], list(raw["hosts"]), **arrays, wm=raw["wm"], closed=raw["closed"],
+        return cls(raw["job"], raw["world_size"], raw.get("window_s", 30.0), list(raw["hosts"]), **arrays, wm=raw["wm"],
+                   closed=raw["closed"],
                    windows=windows, pending={int(s): _arr(v, float) for s, v in raw["pending"].items()},
                    folded_hi=raw["folded_hi"], scored=raw["scored"], checkpoint_wm=raw["checkpoint_wm"],
                    partition=raw.get("p"))

@@ -47,7 +47,7 @@ def test_thermal_runaway_crosses_slowdown_with_hw_thermal_bits_then_recovers():
     (truth,) = [r for t in ticks for r in t.truth]
     assert (truth["kind"], truth["host"], truth["gpu_index"], truth["ts"], truth["end_ts"]) == (
         "thermal_runaway", "gpu-node-0000", 3, TS0 + 30, TS0 + 90)
-    # 60 s of throttling clears within the straggler dwell (3 of 5 windows of 30 s): no straggler is expected
+    # 60 s of throttling clears within the straggler dwell (8 of 10 windows of 10 s): no straggler is expected
     assert truth["job"] == "job-0000" and truth["rank"] == 3 and "straggler" not in truth["expected"]
 
 
