@@ -55,6 +55,9 @@ JOB_STALLED = "alert:JobStalled"
 # rules.py SilenceConfig: a host silent_after_s 60 + group_wait_s 30 behind a fleet clock up to a sample interval
 # late; a job's collectives stall_after_s 120): such a host_down, whole rack or stopped job expects nothing.
 SILENCE_MIN_S = 150.0
+# A host silent for less than this is never judged (silent_after_s); between the two, when its last sample fell and
+# when the fleet clock judges decide (a host 120 s down was drained 80 s into it: fleetpulse/evaluate/sweep.py outages).
+SILENCE_TRANSIENT_S = 60.0
 # The lifecycle's recurring-problems policy (streams/lifecycle/rules.py LifecycleConfig, docs/remediation.md) against a
 # GPU whose reading flaps across its throttle limits, as its samples see it (a period near the sample interval
 # aliases): the node's score falls below 60 a few samples into a hot spell, and the spell drains it once it is one
@@ -64,9 +67,13 @@ SILENCE_MIN_S = 150.0
 FLAP_SPELL_DRAIN_S, FLAP_SPELL_SAFE_S = (840.0, 960.0), 7200.0
 FLAP_SHARE_DRAIN, FLAP_SHARE_AFTER_S = (0.7, 0.8), 3600.0
 SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler...
-# ...when they last long enough to be one: 3 of 5 straggler windows of 30 s (streams/stragglers/scoring.py) plus the
-# window that closes the third; slowness that clears sooner is transient by design and must raise nothing.
-STRAGGLER_MIN_S = 120.0
+# ...when they last long enough to be one: 8 of 10 straggler windows of 10 s (streams/stragglers/scoring.py) flag
+# slowness of 90 s or more 80-100 s after onset; slowness of STRAGGLER_TRANSIENT_S or less touches at most 7 windows
+# and is transient by design: it must raise nothing. Between the two, the phase of the window grid decides.
+STRAGGLER_MIN_S, STRAGGLER_TRANSIENT_S = 120.0, 60.0
+# A rank STRAGGLER_MIN_PCT slower is one (SuperBench's defect threshold, ALGORITHMS.md §2.9); under STRAGGLER_QUIET_PCT
+# it is within a window's scatter of the rule's 4 % floor and must never be flagged; between, the scatter decides.
+STRAGGLER_MIN_PCT, STRAGGLER_QUIET_PCT = 5.0, 3.0
 # A busy link, a crashed process, a heavy load, a failing monitoring library; an announced host_down (maintenance)
 # is not hardware either (expected_tokens).
 NOT_HARDWARE = {"congestion", "job_crash", "power_surge", "monitor_broken"}  # port, NIC and disk faults are hardware
@@ -134,7 +141,8 @@ def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str
         keep = [t for t in EXPECTED["nic_down"] if t not in ("fault:ib_link_down", "bin:inspect")]
         keep = [t for t in keep if spec.at > 0 or t != "fault:ib_link_flap"]
         return [*keep[:-1], "bin:reboot", keep[-1]], True
-    tokens = [t for t in EXPECTED[spec.kind] if ranked or t != "straggler"]
+    slow = spec.kind != "slow_rank" or straggler_outcome(spec) == "straggler"
+    tokens = [t for t in EXPECTED[spec.kind] if (ranked and slow) or t != "straggler"]
     if spec.kind in SLOWS_RANK and ranked and lasts(spec, STRAGGLER_MIN_S):
         tokens.append("straggler")
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c:
@@ -142,6 +150,17 @@ def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str
         if flap_outcome(spec, interval) == "drain":
             tokens.append("drain")
     return tokens, spec.kind not in NOT_HARDWARE
+
+
+def straggler_outcome(spec) -> str:
+    """What a slow_rank must raise: "straggler", "nothing" (transient, or too small a slowdown to be one), or
+    "either" (a band where the window grid's phase or a window's scatter decides)."""
+    short = spec.duration is not None and spec.duration <= STRAGGLER_TRANSIENT_S
+    if short or spec.slowdown_pct < STRAGGLER_QUIET_PCT:
+        return "nothing"
+    if lasts(spec, STRAGGLER_MIN_S) and spec.slowdown_pct >= STRAGGLER_MIN_PCT:
+        return "straggler"
+    return "either"
 
 
 def flap_outcome(spec, interval: float) -> str:

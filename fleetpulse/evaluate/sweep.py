@@ -2,6 +2,8 @@
 
     python -m fleetpulse.evaluate.sweep flaps [--periods 30,60,...] [--duties 0.25,0.5,0.9] [--hours 2]
     python -m fleetpulse.evaluate.sweep episodes [--durations 30,60,...]
+    python -m fleetpulse.evaluate.sweep stragglers [--pcts 5,7,...] [--ranks 16,128,...] [--durations 30,60,...]
+    python -m fleetpulse.evaluate.sweep outages
 
 Each cell simulates a small fleet with the fault on one GPU and runs every stage on it one record at a time, each
 output delivered at once to the steps that read it (streams/runtime/offline.py: what a never-lagging worker decides;
@@ -10,6 +12,9 @@ the decisions (first attempts; nobody answers them). A cell passes when the pipe
 simulator's truth says it should (agents/simulator/truth.py) and paged at most `max_pages_per_hour`. Episodes: one
 thermal runaway or power cap of each duration, which must page once at most, drain nothing, and alert exactly when
 it outlasts its rule's dwell (a power cap: GpuSwPowerCap's 300 s; shorter ones are transient by design).
+Outages: a host down, a port's link down, slower or flapping, a NIC failed, each of several lengths, on one host of 8;
+drained exactly when truth says so. Stragglers: one slow rank per cell through the straggler scoring core
+(fleetpulse/evaluate/straggler_sweep.py).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import orjson
 
 from agents.simulator.kinds import SensorFlap
 from agents.simulator.runner import FleetSimulator
-from agents.simulator.truth import flap_outcome
+from agents.simulator.truth import SILENCE_MIN_S, SILENCE_TRANSIENT_S, flap_outcome
+from fleetpulse.evaluate import straggler_sweep
 from schemas.codec import encode
-from schemas.topics import AGENT, ALERTS, DRAIN, SAMPLES
+from schemas.topics import AGENT, ALERTS, DRAIN, HOST_EVENTS, NET, SAMPLES, XID
 from streams import registry
 from streams.runtime.offline import delivery_order, offline_steps
 from streams.settings import streams_settings
@@ -33,6 +39,8 @@ from streams.settings import streams_settings
 T0 = 1_700_000_000.0
 PERIODS = (30.0, 60.0, 180.0, 300.0, 600.0, 1200.0, 2400.0, 3600.0)
 DUTIES = (0.1, 0.25, 0.5, 0.75, 0.9)
+EPISODE_DURATIONS = (30.0, 60.0, 120.0, 240.0, 300.0, 360.0, 600.0)
+OUTAGE_DURATIONS = (30.0, 60.0, 120.0, 180.0, 300.0, 900.0, None)
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,8 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
         for _ in range(round(hours * 3600 / interval_s)):
             tick = sim.step()
             truth.extend(tick.truth)
-            for topic, records in ((AGENT, tick.agent), (SAMPLES, tick.samples)):
+            for topic, records in ((AGENT, tick.agent), (SAMPLES, tick.samples), (XID, tick.xid), (NET, tick.net),
+                                   (HOST_EVENTS, tick.host_events)):
                 for value in records:
                     yield topic, value["host"], topic.decode(encode(value))
 
@@ -122,10 +131,49 @@ def episode_outcome(kind: str, duration_s: float, interval_s: float) -> str:
     return "alert once" if duration_s > dwell else "nothing"
 
 
-def episodes(durations=(30.0, 60.0, 120.0, 240.0, 300.0, 360.0, 600.0), interval_s: float = 10.0) -> list[Cell]:
+def episodes(durations=EPISODE_DURATIONS, interval_s: float = 10.0) -> list[Cell]:
     return [run_cell(episode(kind, d), hours=(d + 600) / 3600, interval_s=interval_s,
                      outcome=episode_outcome(kind, d, interval_s))
             for kind in ("thermal_runaway", "power_cap") for d in durations]
+
+
+def outage_faults(durations=OUTAGE_DURATIONS, flaps=(1, 2, 3, 5), every=(30.0, 300.0, 1500.0)) -> list[dict]:
+    """A host that stops reporting, a port whose link goes down, runs slower or flaps, a NIC that fails: each of
+    every length, 60 s into the run (durations None: until the run ends)."""
+    out = []
+    for d in durations:
+        extra = {} if d is None else {"duration": d}
+        out += [{"kind": "host_down", "at": 60, "host": 0, **extra},
+                *({"kind": k, "at": 60, "host": 0, "port": 1, **extra} for k in ("link_down", "link_degraded",
+                                                                                   "nic_down"))]
+    out += [{"kind": "link_flap", "at": 60, "host": 0, "port": 1, "flaps": n, "every": e} for n in flaps for e in every]
+    return out
+
+
+def outages(faults: list[dict] | None = None, hours: float = 1.0, hosts: int = 8) -> list[Cell]:
+    """Each outage on one host of `hosts` (enough that one silent host is the host's fault, not its rack's), for an
+    hour: drained exactly when truth says so, at most one drain and one page."""
+    return [run_cell(f, hours=hours, hosts=hosts, outcome=_silence_band(f)) for f in (faults or outage_faults())]
+
+
+def _silence_band(fault: dict) -> str | None:
+    """"either" for a host down longer than the silence rule's first threshold but shorter than truth's SILENCE_MIN_S
+    (when its last sample fell decides), else None: truth's tokens judge it."""
+    d = fault.get("duration")
+    band = fault["kind"] == "host_down" and d is not None and SILENCE_TRANSIENT_S < d < SILENCE_MIN_S
+    return "either" if band else None
+
+
+def cells_table(cells: list[Cell], max_pages_per_hour: float) -> str:
+    lines = ["| fault | truth | drained at s | reason | pages | ok |", "|---|---|---|---|---:|---|"]
+    for c in cells:
+        what = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in c.params.items()
+                         if k not in ("at", "job"))
+        at = ", ".join(f"{t:.0f}" for t, _ in c.drains) or "-"
+        why = c.drains[0][1][:70] if c.drains else ""
+        lines.append(f"| {what} | {c.truth} | {at} | {why} | {c.pages} | "
+                     f"{'yes' if c.ok(max_pages_per_hour) else 'NO'} |")
+    return "\n".join(lines)
 
 
 def episode_table(cells: list[Cell]) -> str:
@@ -151,19 +199,32 @@ def table(cells: list[Cell], max_pages_per_hour: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("family", choices=("flaps", "episodes"))
-    p.add_argument("--durations", default="30,60,120,240,300,360,600", help="episodes: seconds each")
+    p.add_argument("family", choices=("flaps", "episodes", "stragglers", "outages"))
+    p.add_argument("--durations", default=None, help="episodes, stragglers: seconds each")
+    p.add_argument("--pcts", default=",".join(f"{x:g}" for x in straggler_sweep.PCTS), help="stragglers: slowdowns")
+    p.add_argument("--ranks", default=",".join(str(x) for x in straggler_sweep.RANKS), help="stragglers: job sizes")
+    p.add_argument("--seeds", type=int, default=1, help="stragglers: seeds per persistent cell")
     p.add_argument("--periods", default=",".join(f"{x:g}" for x in PERIODS))
     p.add_argument("--duties", default=",".join(f"{x:g}" for x in DUTIES))
     p.add_argument("--hours", type=float, default=2.0)
     p.add_argument("--max-pages-per-hour", type=float, default=4.0)
     args = p.parse_args(argv)
+    floats = (lambda text: [float(x) for x in text.split(",")])  # noqa: E731
+    if args.family == "stragglers":
+        durations = floats(args.durations) if args.durations else straggler_sweep.DURATIONS
+        cells = (straggler_sweep.persistent(floats(args.pcts), [int(x) for x in args.ranks.split(",")], args.seeds)
+                 + straggler_sweep.episodes(durations))
+        print(straggler_sweep.table(cells))
+        return 0 if all(c.ok() for c in cells) else 1
+    if args.family == "outages":
+        cells = outages()
+        print(cells_table(cells, args.max_pages_per_hour))
+        return 0 if all(c.ok(args.max_pages_per_hour) for c in cells) else 1
     if args.family == "episodes":
-        cells = episodes([float(x) for x in args.durations.split(",")])
+        cells = episodes(floats(args.durations) if args.durations else EPISODE_DURATIONS)
         print(episode_table(cells))
         return 0 if all(c.ok(0) for c in cells) else 1
-    cells = flaps([float(x) for x in args.periods.split(",")], [float(x) for x in args.duties.split(",")],
-                  args.hours)
+    cells = flaps(floats(args.periods), floats(args.duties), args.hours)
     print(table(cells, args.max_pages_per_hour))
     return 0 if all(c.ok(args.max_pages_per_hour) for c in cells) else 1
 

@@ -4,7 +4,7 @@ flaps` runs the wide grid (docs/evaluation.md)."""
 
 from __future__ import annotations
 
-from fleetpulse.evaluate import sweep
+from fleetpulse.evaluate import straggler_sweep, sweep
 
 
 def test_sensor_flaps_drain_only_where_the_recurring_problems_policy_says_and_page_at_most_four_times_an_hour():
@@ -24,3 +24,30 @@ def test_a_runaway_or_a_power_cap_past_its_dwell_alerts_once_and_a_shorter_one_r
     assert all(c.ok(0) for c in cells), table
     assert [c.truth for c in cells] == ["nothing", "alert once", "alert once", "nothing", "nothing", "alert once"]
     assert [c.pages for c in cells] == [0, 1, 1, 0, 0, 0], table  # a power cap is info: a condition, never a page
+
+
+def test_a_slow_rank_is_flagged_alone_at_every_job_size_and_position_and_a_minute_of_slowness_raises_nothing():
+    cells = straggler_sweep.persistent(pcts=(5.0, 10.0, 30.0), ranks=(16, 512))
+    cells += straggler_sweep.episodes(durations=(30.0, 60.0, 120.0), pcts=(10.0, 50.0), world=64)
+    table = straggler_sweep.table(cells)
+    assert all(c.ok() for c in cells), table
+    assert all(c.truth == "straggler" and c.first_flag_s <= 100 for c in cells if c.pct >= 10 and c.duration is None)
+    episodes = {c.duration: [] for c in cells if c.duration}
+    for c in cells:
+        if c.duration:
+            episodes[c.duration].append(c.first_flag_s)
+    assert episodes[30.0] == episodes[60.0] == [None] * 6 and None not in episodes[120.0], table
+
+
+def test_outages_drain_only_what_outlasts_its_rule_and_a_single_link_drop_drains_nothing():
+    faults = [f for f in sweep.outage_faults(durations=(30.0, 300.0), flaps=(1, 3), every=(60.0,))
+              if f["kind"] != "link_degraded"]
+    cells = sweep.outages(faults)
+    table = sweep.cells_table(cells, max_pages_per_hour=2.0)
+    assert all(c.ok(max_pages_per_hour=2.0) for c in cells), table
+    drained = {(c.params["kind"], c.params.get("duration"), c.params.get("flaps")): bool(c.drains) for c in cells}
+    assert drained == {("host_down", 30.0, None): False, ("link_down", 30.0, None): False,
+                       ("nic_down", 30.0, None): True,  # its kernel lines say the NIC needs a reboot
+                       ("host_down", 300.0, None): True, ("link_down", 300.0, None): True,
+                       ("nic_down", 300.0, None): True, ("link_flap", None, 1): False,
+                       ("link_flap", None, 3): True}, table
