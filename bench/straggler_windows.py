@@ -27,13 +27,15 @@ from report import save  # bench/report.py, beside this script
 T0 = 1_700_000_000.0
 
 
-def window_of_timings(hosts: int = 128, seconds: int = 35, seed: int = 10) -> list[bytes]:
+def window_of_timings(window_s: float, hosts: int = 128, seed: int = 10) -> list[bytes]:
+    """One window's collectives (one a second) as the agents publish them; a few seconds more are simulated."""
+    seconds = int(window_s)
     fleet = build_fleet(hosts, seed=seed)
     fleet.jobs = [Job(0, "job-0000", tuple(range(hosts)))]
     fleet.host_job[:] = 0
     model, job, slow = NcclModel(fleet, np.random.default_rng(seed)), fleet.jobs[0], np.ones(fleet.n_gpus)
-    steps = [r for k in range(seconds) for r in model.job_records(job, T0 + k, slow)]  # one per host and second
-    return [orjson.dumps(r) for r in steps[:30 * hosts]]
+    steps = [r for k in range(seconds + 5) for r in model.job_records(job, T0 + k, slow)]  # one per host and second
+    return [orjson.dumps(r) for r in steps[:seconds * hosts]]
 
 
 def fold(raw: list[bytes], cfg: Config) -> float:
@@ -47,11 +49,12 @@ def fold(raw: list[bytes], cfg: Config) -> float:
 
 def close(cfg: Config, reps: int = 200) -> float:
     acc = Window.empty(1024)
-    acc.n_c[:], acc.n_w[:], acc.records, acc.with_compute = 30, 30, 30_720, 30_720
-    acc.sum_c[:], acc.sum_w[:] = np.random.default_rng(0).normal(7.5e5, 3e3, 1024) * 30, 3e6
+    per_rank = int(cfg.window_s)  # one timing a second
+    acc.n_c[:], acc.n_w[:], acc.records, acc.with_compute = per_rank, per_rank, 1024 * per_rank, 1024 * per_rank
+    acc.sum_c[:], acc.sum_w[:] = np.random.default_rng(0).normal(7.5e5, 3e3, 1024) * per_rank, 1e5 * per_rank
     started = time.perf_counter()
     for _ in range(reps):
-        persist(JobState("j", 1024), score(acc, cfg), T0, T0 + 30, cfg)
+        persist(JobState("j", 1024, cfg.window_s), score(acc, cfg), T0, T0 + cfg.window_s, cfg)
     return (time.perf_counter() - started) / reps
 
 
@@ -60,11 +63,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("bench/results/straggler_windows.json"))
     args = p.parse_args()
-    cfg, raw = Config(), window_of_timings()
+    cfg = Config()
+    raw = window_of_timings(cfg.window_s)
     folds = [fold(raw, cfg) for _ in range(args.repeat)]
     closes = [close(cfg) for _ in range(args.repeat)]
     timings = sum(len(orjson.loads(r)["ranks"]) for r in raw)
-    out = {"ranks": 1024, "records": len(raw), "timings": timings, "repeat": args.repeat,
+    out = {"ranks": 1024, "window_s": cfg.window_s, "records": len(raw), "timings": timings, "repeat": args.repeat,
            "fold_window_ms_median": round(statistics.median(folds) * 1e3, 1),
            "fold_us_per_timing_median": round(statistics.median(folds) / timings * 1e6, 2),
            "close_window_ms_median": round(statistics.median(closes) * 1e3, 3)}

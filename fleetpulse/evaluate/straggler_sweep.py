@@ -30,12 +30,13 @@ ONSET_S = 120.0
 PCTS = (5.0, 7.0, 10.0, 15.0, 30.0)
 RANKS = (16, 128, 512, 2048)
 DURATIONS = (30.0, 60.0, 90.0, 120.0, 300.0, 600.0)
-PHASES = (0.0, 3.5, 7.0)  # seconds after a window boundary (the run starts on one)
+PHASES = (0.0, 2.5, 5.0, 7.5)  # seconds after a window boundary
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell: the slow rank's parameters, when it was first flagged (s after onset), other ranks flagged."""
+    """One cell: the slow rank's parameters, when it was first flagged and when that flag cleared (s after onset and
+    after the slowness ended), and how many other ranks were flagged."""
 
     pct: float
     vs_peers: float  # the slowdown against the job's median rank (the simulator's per-rank offsets included)
@@ -45,13 +46,21 @@ class Cell:
     phase: float  # onset this many seconds after a window boundary
     seed: int
     first_flag_s: float | None
+    cleared_s: float | None  # the slow rank's first clear after the end of its slowness (persistent: after onset)
     others: int
     truth: str
     within_s: float
+    clear_within_s: float = 120.0  # clear_after x window_s past the last slow window, with a window's margin
 
     def ok(self) -> bool:
-        if self.others:
-            return False
+        if self.others or (self.first_flag_s is not None and self.first_flag_s < 0):
+            return False  # another rank, or this one before it slowed
+        if self.first_flag_s is not None:  # a flag holds while the rank is slow and clears soon after
+            if self.duration is None and self.cleared_s is not None:
+                return False
+            if self.duration is not None and not (self.cleared_s is not None and
+                                                  0 <= self.cleared_s <= self.clear_within_s):
+                return False
         if self.truth == "straggler":
             return self.first_flag_s is not None and self.first_flag_s <= self.within_s
         return self.truth == "either" or self.first_flag_s is None
@@ -62,29 +71,35 @@ def positions(world: int) -> tuple[int, ...]:
     return tuple(sorted({0, world // 2 + 3, world - 1}))
 
 
-def run_cell(pct: float, world: int, rank: int, duration: float | None = None, *, at: float = ONSET_S,
+def run_cell(pct: float, world: int, rank: int, duration: float | None = None, *, phase: float = 0.0,
              seed: int = 0, within_s: float = 180.0, cfg: Config = Config(), nccl_interval_s: float = 2.0) -> Cell:
+    """The run starts `phase` s after a window boundary, so the slowness (from ONSET_S, a simulator tick, on) does."""
     hosts = max(1, world // 8)
-    fault = {"kind": "slow_rank", "at": at, "job": "job-0000", "rank": rank, "slowdown_pct": pct}
+    fault = {"kind": "slow_rank", "at": ONSET_S, "job": "job-0000", "rank": rank, "slowdown_pct": pct}
     if duration is not None:
         fault["duration"] = duration
-    run_s = at + (duration or 0.0) + within_s + 30.0
+    run_s = ONSET_S + (duration or 0.0) + within_s + 30.0
     scenario = {"name": "stragglers-sweep", "fleet": {"hosts": hosts, "jobs": [hosts]}, "faults": [fault]}
-    sim = FleetSimulator(scenario=scenario, seed=seed, start_ts=T0, interval=5.0, nccl_interval=nccl_interval_s)
-    state, first, others = None, None, set()
+    sim = FleetSimulator(scenario=scenario, seed=seed, start_ts=T0 + phase, interval=5.0,
+                         nccl_interval=nccl_interval_s)
+    onset = sim.start_ts + ONSET_S
+    end = onset + (duration if duration is not None else 0.0)
+    state, first, cleared, others = None, None, None, set()
     for _ in range(round(run_s / sim.interval)):
         records = sim.step().nccl
         if not records:
             continue
         state, scores, _ = advance(state, "job-0000", Batch.of(records), cfg)
         for s in scores:
-            if s.flagged and s.rank == rank:
-                first = s.ts - (T0 + at) if first is None else first
+            if s.rank != rank:
+                others.update([s.rank] if s.flagged else [])
             elif s.flagged:
-                others.add(s.rank)
+                first = s.ts - onset if first is None else first
+            elif cleared is None:
+                cleared = s.ts - end
     truth = straggler_outcome(SlowRank.model_validate({**fault, "slowdown_pct": max(vs_peers(sim, rank, pct), 0.1)}))
-    return Cell(pct, round(vs_peers(sim, rank, pct), 2), world, rank, duration, at - ONSET_S, seed, first, len(others),
-                truth, within_s)
+    return Cell(pct, round(vs_peers(sim, rank, pct), 2), world, rank, duration, phase, seed, first, cleared,
+                len(others), truth, within_s)
 
 
 def vs_peers(sim: FleetSimulator, rank: int, pct: float) -> float:
@@ -102,15 +117,17 @@ def persistent(pcts=PCTS, ranks=RANKS, seeds: int = 1) -> list[Cell]:
 
 def episodes(durations=DURATIONS, pcts=(10.0, 50.0), world: int = 128, phases=PHASES) -> list[Cell]:
     """Slowness of each length and strength on one rank, starting at several phases of the 10 s window grid."""
-    return [run_cell(p, world, world // 2 + 3, d, at=ONSET_S + ph) for d in durations for p in pcts for ph in phases]
+    return [run_cell(p, world, world // 2 + 3, d, phase=ph) for d in durations for p in pcts for ph in phases]
 
 
 def table(cells: list[Cell]) -> str:
     lines = ["| slowdown % | vs peers % | ranks | rank | lasts s | onset phase s | seed | truth | "
-             "flagged s after onset | other ranks | ok |", "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+             "flagged s after onset | cleared s after end | other ranks | ok |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for c in cells:
         lasts = "-" if c.duration is None else f"{c.duration:g}"
         first = "-" if c.first_flag_s is None else f"{c.first_flag_s:.0f}"
+        cleared = "-" if c.cleared_s is None else f"{c.cleared_s:.0f}"
         lines.append(f"| {c.pct:g} | {c.vs_peers:.1f} | {c.world} | {c.rank} | {lasts} | {c.phase:g} | {c.seed} | "
-                     f"{c.truth} | {first} | {c.others} | {'yes' if c.ok() else 'NO'} |")
+                     f"{c.truth} | {first} | {cleared} | {c.others} | {'yes' if c.ok() else 'NO'} |")
     return "\n".join(lines)

@@ -89,7 +89,7 @@ class JobState:
 
     job: str
     world_size: int
-    window_s: float = 30.0  # the grid its windows and history were kept on (a checkpoint before v3: 30 s)
+    window_s: float  # the grid its windows and history are kept on (a checkpoint before v3: 30 s)
     hosts: list[str] = field(default_factory=list)
     host_of: np.ndarray = None  # index into hosts, -1 unknown
     gpu_of: np.ndarray = None

@@ -224,7 +224,7 @@ def test_a_window_with_too_few_ranks_is_skipped_not_scored():
     acc = Window.empty(16)
     acc.n_c[:5], acc.sum_c[:5], acc.records, acc.with_compute = 30, 30 * 7e5, 150, 150
     assert score(acc, CFG) is None
-    state = JobState("j", 16)
+    state = JobState("j", 16, CFG.window_s)
     acc.n_c[:], acc.sum_c[:], acc.records, acc.with_compute = 30, 30 * 7e5, 480, 480
     persist(state, score(acc, CFG), T0, T0 + 30, CFG)
     assert state.scored == 1 and state.seen.tolist() == [1] * 16
@@ -270,11 +270,15 @@ def test_windows_of_another_length_restart_the_job_history():
     # A worker restarted with FLEETPULSE_STRAGGLERS window_s 30 after 10: hits counted on one grid are not K of N
     # windows of the other; a checkpoint written before windows had a configurable length was on the 30 s grid.
     records = sim_records(8, 100, seed=9, rank=3, pct=30.0)
-    _, state = run_records(records[:600])
-    assert state.hits[3] and state.window_s == CFG.window_s
+    _, state = run_records(records[:760])
+    assert state.flagged[3] and state.window_s == CFG.window_s
+    flagged = state.flagged.copy()
     longer = Config(window_s=30, k=3, n=5, clear_after=2)
-    state = advance(state, "job-0000", Batch.of(records[600:]), longer)[0]
+    state, scores, _ = advance(state, "job-0000", Batch.of(records[760:]), longer)
     assert state.window_s == 30 and state.scored <= 1
+    cleared = [s for s in scores if "history is dropped" in s.reasons[0]]  # whoever saw a flag sees it cleared
+    assert [s.rank for s in cleared] == np.flatnonzero(flagged).tolist() and not any(s.flagged for s in cleared)
+    assert cleared and cleared[0].reasons[0].endswith("scoring windows are now 30 s (were 10 s)")
 
 
 @pytest.mark.parametrize("bad", [
