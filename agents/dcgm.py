@@ -41,6 +41,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_BOARD_POWER_WATTS": ("power_w", "float"),
     "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": ("power_limit_w", "float"),
     "DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS": ("power_limit_w", "float"),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF": ("power_default_limit_w", "float"),  # field 163
+    "DCGM_FI_DEV_BOARD_POWER_LIMIT_DEFAULT_WATTS": ("power_default_limit_w", "float"),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_mj", "int"),
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", "int_small"),
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", "int_small"),

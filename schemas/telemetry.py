@@ -58,6 +58,9 @@ class GpuReading(BaseModel):
     power_limit_w: float | None = Field(default=None, ge=0, description=f"enforced power limit; {MILLIWATTS}",
                                         json_schema_extra=ch("UInt32", "ZSTD(1)", scale=1000,
                                                              stored_as="power_limit_mw"))
+    power_default_limit_w: float | None = Field(
+        default=None, ge=0, description=f"the board's default power limit (a device limit); {MILLIWATTS}",
+        json_schema_extra=ch("UInt32", "ZSTD(1)", scale=1000, stored_as="power_default_limit_mw"))
     energy_mj: int | None = Field(default=None, ge=0, description="energy since driver load, mJ",
                                   json_schema_extra=ch("UInt64", "Delta, T64, ZSTD(1)"))
     throttle_reasons: int | None = Field(default=None, ge=0, description="NVML clocks-event reason bitmask",

@@ -98,6 +98,8 @@ class NvmlDevice:
         self.model = text(name) if name is not None else None
         self.limits = {f: self._num(self._get(f, self.nvml.nvmlDeviceGetTemperatureThreshold, t))
                        for f, t in LIMITS.items()}
+        default = self._get("power_default_limit_w", self.nvml.nvmlDeviceGetPowerManagementDefaultLimit)
+        self.limits["power_default_limit_w"] = default / 1000.0 if default is not None else None
         links = []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:

@@ -169,6 +169,10 @@ class FakeNvml(FaultInjection):
     def nvmlDeviceGetEnforcedPowerLimit(self, handle) -> int:
         return self._gpu(handle)["enforced_power_limit_mw"]
 
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle) -> int:
+        gpu = self._gpu(handle)
+        return gpu.get("default_power_limit_mw", gpu["enforced_power_limit_mw"])
+
     def nvmlDeviceGetTotalEnergyConsumption(self, handle) -> int:
         return self._gpu(handle)["total_energy_mj"]
 

@@ -35,6 +35,7 @@ def _columns(fleet: Fleet, s: GpuState) -> dict[str, list]:
         "hbm_temp_c": np.rint(s.hbm_temp).tolist(),
         "power_w": np.round(s.power, 3).tolist(),
         "power_limit_w": s.power_limit.tolist(),
+        "power_default_limit_w": const(spec.power_limit_w),
         "energy_mj": s.energy_mj.tolist(),
         "throttle_reasons": s.throttle.tolist(),
         "slowdown_temp_c": const(spec.slowdown_temp_c),

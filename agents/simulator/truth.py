@@ -16,7 +16,8 @@ from agents.simulator.network import NET_EVERY_S
 # a whole rack (one alert for the rack) and a short one are in expected_tokens; a job stall in stalls_job.
 EXPECTED = {
     "thermal_runaway": ["alert:thermal", "throttle:hw_thermal"],
-    "power_cap": ["throttle:sw_power_cap"],
+    "power_cap": ["throttle:sw_power_cap"],  # + alert:GpuPowerLimitReduced when a sample sees the limit 3 % under
+    # the default (power_limit_seen)
     "slow_rank": ["straggler"],
     "ecc_dbe": ["fault:ecc_dbe", "fault:xid:48", "bin:reset", "drain"],
     "row_remap_failure": ["fault:row_remap_failure", "fault:xid:64", "bin:replace", "drain"],
@@ -51,12 +52,14 @@ LINK_DOWN_S = DEGRADED_S = 60.0
 PHY_ERRORS_PER_WINDOW, PHY_WINDOW_S = 50.0, 300.0
 RACK_DOWN = ["alert:RackSilent"]  # a whole rack silent at once: one alert for the rack, no host fault, no drain
 JOB_STALLED = "alert:JobStalled"
+POWER_LIMIT_REDUCED = "alert:GpuPowerLimitReduced"
 # A silence or a stall shorter than this clears before the silence stage's thresholds by design (streams/silence/
 # rules.py SilenceConfig: a host silent_after_s 60 + group_wait_s 30 behind a fleet clock up to a sample interval
 # late; a job's collectives stall_after_s 120): such a host_down, whole rack or stopped job expects nothing.
 SILENCE_MIN_S = 150.0
 # A host silent for less than this is never judged (silent_after_s); between the two, when its last sample fell and
-# when the fleet clock judges decide (a host 120 s down was drained 80 s into it: fleetpulse/evaluate/sweep.py outages).
+# when the fleet clock judges decide (a host 120 s down was drained 80 s into it: fleetpulse/evaluate/sweep.py outages
+# judges that band as "either"; a scenario's score counts such a drain as false).
 SILENCE_TRANSIENT_S = 60.0
 # The lifecycle's recurring-problems policy (streams/lifecycle/rules.py LifecycleConfig, docs/remediation.md) against a
 # GPU whose reading flaps across its throttle limits, as its samples see it (a period near the sample interval
@@ -68,8 +71,9 @@ FLAP_SPELL_DRAIN_S, FLAP_SPELL_SAFE_S = (840.0, 960.0), 7200.0
 FLAP_SHARE_DRAIN, FLAP_SHARE_AFTER_S = (0.7, 0.8), 3600.0
 SLOWS_RANK = {"thermal_runaway", "power_cap"}  # these also make the GPU's rank a straggler...
 # ...when they last long enough to be one: 8 of 10 straggler windows of 10 s (streams/stragglers/scoring.py) flag
-# slowness of 90 s or more 80-100 s after onset; slowness of STRAGGLER_TRANSIENT_S or less touches at most 7 windows
-# and is transient by design: it must raise nothing. Between the two, the phase of the window grid decides.
+# slowness of 90 s or more 75-90 s after onset; slowness of STRAGGLER_TRANSIENT_S or less touches at most 7 windows
+# and is transient by design: it must raise nothing. Between the two, the phase of the window grid decides (the
+# sweeps judge that band as "either"; a scenario's score counts a flag in it as another rank flagged).
 STRAGGLER_MIN_S, STRAGGLER_TRANSIENT_S = 120.0, 60.0
 # A rank STRAGGLER_MIN_PCT slower is one (SuperBench's defect threshold, ALGORITHMS.md §2.9); under STRAGGLER_QUIET_PCT
 # it is within a window's scatter of the rule's 4 % floor and must never be flagged; between, the scatter decides.
@@ -145,11 +149,19 @@ def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str
     tokens = [t for t in EXPECTED[spec.kind] if (ranked and slow) or t != "straggler"]
     if spec.kind in SLOWS_RANK and ranked and lasts(spec, STRAGGLER_MIN_S):
         tokens.append("straggler")
+    if spec.kind == "power_cap" and power_limit_seen(spec, fleet, interval):
+        tokens.insert(0, POWER_LIMIT_REDUCED)
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c:
         tokens.append("alert:thermal")
         if flap_outcome(spec, interval) == "drain":
             tokens.append("drain")
     return tokens, spec.kind not in NOT_HARDWARE
+
+
+def power_limit_seen(spec, fleet: Fleet, interval: float) -> bool:
+    """A power cap 3 % or more under the board's default limit (GpuPowerLimitReduced, streams/power_thermal/rules.py)
+    that a sample sees: it lasts a sample interval."""
+    return spec.cap_w * 1.03 <= fleet.device.power_limit_w and lasts(spec, interval)
 
 
 def straggler_outcome(spec) -> str:

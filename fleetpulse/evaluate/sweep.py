@@ -11,7 +11,7 @@ the batch-invariance test holds the worker to the same decisions). No broker, no
 the decisions (first attempts; nobody answers them). A cell passes when the pipeline drained exactly when the
 simulator's truth says it should (agents/simulator/truth.py) and paged at most `max_pages_per_hour`. Episodes: one
 thermal runaway or power cap of each duration, which must page once at most, drain nothing, and alert exactly when
-it outlasts its rule's dwell (a power cap: GpuSwPowerCap's 300 s; shorter ones are transient by design).
+it outlasts its rule's dwell (a power cap: as soon as a sample sees the limit under the board's default).
 Outages: a host down, a port's link down, slower or flapping, a NIC failed, each of several lengths, on one host of 8;
 drained exactly when truth says so. Stragglers: one slow rank per cell through the straggler scoring core
 (fleetpulse/evaluate/straggler_sweep.py).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -54,14 +55,19 @@ class Cell:
     hours: float
     truth: str
     alerts: tuple[str, ...] = ()  # the conditions that fired (not the incidents), by name
+    most_firings: int = 0  # the most times one condition fired
+    elsewhere: int = 0  # drains of hosts the fault was not on
 
     @property
     def pages_per_hour(self) -> float:
         return self.pages / self.hours
 
     def ok(self, max_pages_per_hour: float) -> bool:
+        if self.elsewhere:
+            return False
         if self.truth.startswith(("alert once", "nothing")):  # an episode: judged by what it raised
-            raised = "alert once" if self.alerts else "nothing"
+            raised = ("nothing" if not self.alerts else "alert once" if self.most_firings == 1 else
+                      f"a condition {self.most_firings} times")
             return raised in self.truth.split(" or ") and not self.drains and self.pages <= 1
         drained = "drain" if self.drains else "alert"
         return self.truth in (drained, "either") and len(self.drains) <= 1 and self.pages_per_hour <= max_pages_per_hour
@@ -91,10 +97,13 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
               if d["action"] == "drain" and "resend_of" not in d["evidence"]]
     firing = [a for a in (orjson.loads(e.value) for e in emits if e.to is ALERTS) if a["status"] == "firing"]
     pages = [a for a in firing if not (a.get("labels") or {}).get("incident")]
-    conditions = tuple(sorted({a["alertname"] for a in firing if (a.get("labels") or {}).get("incident")}))
+    fired = Counter(a["alertname"] for a in firing if (a.get("labels") or {}).get("incident"))
+    conditions = tuple(sorted(fired))
     params = {k: v for k, v in fault.items() if k not in ("host", "gpu")}
     expected = outcome or ("drain" if any("drain" in t["expected"] for t in truth) else "alert")
-    return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected, conditions)
+    target = sim.fleet.hosts[fault["host"]] if isinstance(fault.get("host"), int) else fault.get("host")
+    return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected, conditions,
+                max(fired.values(), default=0), sum(d["host"] != target for d in drains))
 
 
 def flap(period_s: float, duty: float) -> dict:
@@ -122,13 +131,14 @@ def episode(kind: str, duration_s: float) -> dict:
 
 def episode_outcome(kind: str, duration_s: float, interval_s: float) -> str:
     """A runaway alerts once when two samples see it past the 89 C slowdown limit (GpuTempSlowdown's 15 s dwell; the
-    15 s ramp and 10 s samples make that 35 s or more, give or take a sample); a power cap once it held clocks down
-    for GpuSwPowerCap's 300 s dwell in the samples, within a sample of it either way; the rest is transient by
-    design: it raises nothing."""
-    dwell = 35.0 if kind == "thermal_runaway" else 300.0
-    if abs(duration_s - dwell) <= interval_s:
+    15 s ramp and 10 s samples make that 35 s or more, give or take a sample); shorter is transient by design: it
+    raises nothing. A power cap alerts once when a sample sees the enforced limit under the board's default
+    (GpuPowerLimitReduced, no dwell); GpuSwPowerCap joins it inside the same incident after 300 s."""
+    if kind == "power_cap":
+        return "alert once" if duration_s >= interval_s else "alert once or nothing"
+    if abs(duration_s - 35.0) <= interval_s:
         return "alert once or nothing"
-    return "alert once" if duration_s > dwell else "nothing"
+    return "alert once" if duration_s > 35.0 else "nothing"
 
 
 def episodes(durations=EPISODE_DURATIONS, interval_s: float = 10.0) -> list[Cell]:
@@ -152,7 +162,7 @@ def outage_faults(durations=OUTAGE_DURATIONS, flaps=(1, 2, 3, 5), every=(30.0, 3
 
 def outages(faults: list[dict] | None = None, hours: float = 1.0, hosts: int = 8) -> list[Cell]:
     """Each outage on one host of `hosts` (enough that one silent host is the host's fault, not its rack's), for an
-    hour: drained exactly when truth says so, at most one drain and one page."""
+    hour: that host drained exactly when truth says so, at most once, and no other."""
     return [run_cell(f, hours=hours, hosts=hosts, outcome=_silence_band(f)) for f in (faults or outage_faults())]
 
 

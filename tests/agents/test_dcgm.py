@@ -133,6 +133,7 @@ def test_new_field_names_and_crc_sum():
         ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "72"), ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", "91"),
         ("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", "96"), ("DCGM_FI_DEV_BOARD_POWER_WATTS", "699.812000"),
         ("DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS", "700.000000"), ("DCGM_FI_DEV_XID_ERROR", "79"),
+        ("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "700.000000"),
         ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "5"), ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "3"),
         ("DCGM_FI_DEV_ROW_REMAP_PENDING", "1"), ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "0"),
         ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "2"), ("DCGM_FI_DEV_GPU_RECOVERY_ACTION", "1"),
@@ -140,6 +141,7 @@ def test_new_field_names_and_crc_sum():
         ("DCGM_FI_DEV_FB_TOTAL", "81559"), ("DCGM_FI_DEV_FB_USED", "74213")]) + "\n"
     g = parse(text).sample.gpus[0]
     assert (g.throttle_reasons, g.gpu_temp_c, g.hbm_temp_c, g.power_w, g.power_limit_w) == (72, 91, 96, 699.812, 700)
+    assert g.power_default_limit_w == 700
     assert (g.last_xid, g.nvlink_crc_errors, g.remapped_rows_uncorrectable) == (79, 8, 2)
     assert (g.row_remap_pending, g.row_remap_failure, g.recovery_action) == (True, False, 1)
     assert (g.sm_active, g.tensor_active, g.mem_total_mib, g.mem_used_mib) == (0.873, 0.412, 81559, 74213)

@@ -62,7 +62,7 @@ def test_every_field_of_every_gpu_matches_the_recording(collector):
         assert g.mem_total_mib == 81559.0 and g.mem_used_mib == rec["memory_bytes"]["used"] / 2**20
         assert (g.sm_clock_mhz, g.mem_clock_mhz) == (1980.0, 2619.0)
         assert g.gpu_temp_c == rec["temperature_c"] and g.hbm_temp_c == rec["memory_temperature_c"]
-        assert g.power_w == rec["power_mw"] / 1000 and g.power_limit_w == 700.0
+        assert g.power_w == rec["power_mw"] / 1000 and g.power_limit_w == g.power_default_limit_w == 700.0
         assert g.energy_mj == rec["total_energy_mj"] and g.throttle_reasons == 0
         assert (g.shutdown_temp_c, g.slowdown_temp_c, g.gpu_max_op_temp_c, g.hbm_max_op_temp_c) == (92, 89, 87, 95)
         assert (g.ecc_sbe_volatile, g.ecc_dbe_volatile, g.ecc_dbe_aggregate) == (0, 0, 0)

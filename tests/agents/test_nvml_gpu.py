@@ -49,6 +49,7 @@ def test_every_gpu_is_read_and_the_sample_validates(nvml, collector):
         assert g.gpu_max_op_temp_c is None or g.gpu_max_op_temp_c <= g.slowdown_temp_c
         assert g.mem_total_mib > 1024 and 0 <= g.mem_used_mib <= g.mem_total_mib
         assert 0 < g.power_w < 2 * g.power_limit_w and 50 <= g.power_limit_w <= 1500
+        assert g.power_default_limit_w is None or 50 <= g.power_default_limit_w <= 1500
         assert g.sm_clock_mhz > 0 and g.mem_clock_mhz > 0 and g.throttle_reasons is not None
         assert g.energy_mj is None or g.energy_mj > 0
         assert g.recovery_action in (None, 0)
@@ -78,6 +79,7 @@ def test_collector_matches_direct_pynvml_reads(nvml, collector):
         assert nvml.nvmlDeviceGetUUID(h) == g.uuid
         assert nvml.nvmlDeviceGetTemperatureThreshold(h, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) == g.slowdown_temp_c
         assert nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000 == g.power_limit_w
+        assert nvml.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000 == g.power_default_limit_w
         old = nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)
         try:
             new = nvml.nvmlDeviceGetCurrentClocksEventReasons(h)

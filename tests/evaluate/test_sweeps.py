@@ -18,12 +18,14 @@ def test_sensor_flaps_drain_only_where_the_recurring_problems_policy_says_and_pa
     assert any("of the last 60 min" in r for r in reasons) and any("while suspect" in r for r in reasons), table
 
 
-def test_a_runaway_or_a_power_cap_past_its_dwell_alerts_once_and_a_shorter_one_raises_nothing():
-    cells = sweep.episodes(durations=(20.0, 120.0, 600.0))
+def test_a_runaway_past_its_dwell_alerts_once_a_shorter_one_raises_nothing_and_any_power_cap_alerts_once():
+    cells = sweep.episodes(durations=(20.0, 60.0, 120.0, 600.0))
     table = sweep.episode_table(cells)
     assert all(c.ok(0) for c in cells), table
-    assert [c.truth for c in cells] == ["nothing", "alert once", "alert once", "nothing", "nothing", "alert once"]
-    assert [c.pages for c in cells] == [0, 1, 1, 0, 0, 0], table  # a power cap is info: a condition, never a page
+    assert [c.truth for c in cells] == ["nothing"] + ["alert once"] * 7, table
+    assert [c.pages for c in cells] == [0, 1, 1, 1, 0, 0, 0, 0], table  # a power cap is info: never a page
+    caps = [c.alerts for c in cells if c.params["kind"] == "power_cap"]
+    assert caps == [("GpuPowerLimitReduced",)] * 3 + [("GpuPowerLimitReduced", "GpuSwPowerCap")], table
 
 
 def test_a_slow_rank_is_flagged_alone_at_every_job_size_and_position_and_a_minute_of_slowness_raises_nothing():
@@ -36,7 +38,7 @@ def test_a_slow_rank_is_flagged_alone_at_every_job_size_and_position_and_a_minut
     for c in cells:
         if c.duration:
             episodes[c.duration].append(c.first_flag_s)
-    assert episodes[30.0] == episodes[60.0] == [None] * 6 and None not in episodes[120.0], table
+    assert episodes[30.0] == episodes[60.0] == [None] * 8 and None not in episodes[120.0], table
 
 
 def test_outages_drain_only_what_outlasts_its_rule_and_a_single_link_drop_drains_nothing():
@@ -44,7 +46,7 @@ def test_outages_drain_only_what_outlasts_its_rule_and_a_single_link_drop_drains
               if f["kind"] != "link_degraded"]
     cells = sweep.outages(faults)
     table = sweep.cells_table(cells, max_pages_per_hour=2.0)
-    assert all(c.ok(max_pages_per_hour=2.0) for c in cells), table
+    assert all(c.ok(max_pages_per_hour=2.0) for c in cells) and not any(c.pages for c in cells), table
     drained = {(c.params["kind"], c.params.get("duration"), c.params.get("flaps")): bool(c.drains) for c in cells}
     assert drained == {("host_down", 30.0, None): False, ("link_down", 30.0, None): False,
                        ("nic_down", 30.0, None): True,  # its kernel lines say the NIC needs a reboot

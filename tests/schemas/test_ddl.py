@@ -75,11 +75,12 @@ def test_malformed_samples_are_refused_with_the_field_named(record, message):
 
 
 def test_scaled_counters_read_back_in_their_unit_as_sent(db):
-    """power_w, power_limit_w, sm_active and tensor_active are stored as whole mW and per-mille: their ALIAS columns
-    give back exactly the floats the record carried (at that resolution, which is what NVML and DCGM report)."""
+    """power_w, power_limit_w, power_default_limit_w, sm_active and tensor_active are stored as whole mW and per-mille:
+    their ALIAS columns give back exactly the floats the record carried (at that resolution, which is what NVML and
+    DCGM report)."""
     table = TABLES["gpu_samples"]
     scaled = [c.alias.name for c in table.aliases if c.scale != 1]
-    assert sorted(scaled) == ["power_limit_w", "power_w", "sm_active", "tensor_active"]
+    assert sorted(scaled) == ["power_default_limit_w", "power_limit_w", "power_w", "sm_active", "tensor_active"]
     offset = iter(range(10**6))
 
     @hsettings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

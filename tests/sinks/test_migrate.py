@@ -31,17 +31,25 @@ def db(clickhouse_url, clickhouse_database):
     client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")
 
 
+NEWER = ("power_default_limit_w",)  # fields added since the v1 layout: its agents never sent them
+
+
 def _records() -> list[dict]:
     sim = FleetSimulator(3, seed=5, start_ts=float(int(datetime.now().timestamp())) - 600, nccl_interval=0)
-    return [s for _ in range(20) for s in sim.step().samples]
+    samples = [s for _ in range(20) for s in sim.step().samples]
+    for g in (g for s in samples for g in s["gpus"]):
+        for name in NEWER:
+            del g[name]
+    return samples
 
 
 def _old_rows(records: list[dict]) -> tuple[list[str], list[tuple]]:
     """The rows the previous sink stored: the same values, scaled columns in their field's unit and name."""
     table = TABLES["gpu_samples"]
-    names = [c.read_as for c in table.columns]
-    scale = [c.scale for c in table.columns]
-    rows = [tuple(v / s if s != 1 and v is not None else v for v, s in zip(row, scale))
+    keep = [i for i, c in enumerate(table.columns) if c.read_as not in NEWER]
+    names = [table.columns[i].read_as for i in keep]
+    scale = [table.columns[i].scale for i in keep]
+    rows = [tuple(row[i] / s if s != 1 and row[i] is not None else row[i] for i, s in zip(keep, scale))
             for off, r in enumerate(records) for row in table.rows(r, 0, off, round(r["ts"] * 1000))]
     return names, rows
 

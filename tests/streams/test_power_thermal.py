@@ -157,6 +157,21 @@ def test_throttle_bits_with_their_own_dwell():
     assert named(alerts, "GpuHwPowerBrake") == []
 
 
+def test_an_enforced_limit_under_the_default_alerts_at_once_and_resolves_when_restored():
+    # A cap from 700 W to 400 W for 60 s (nvidia-smi -pl, a BMC): no dwell, unlike the 300 s of GpuSwPowerCap.
+    limits = [700.0] * 4 + [400.0] * 12 + [700.0] * 20
+    samples = [sample("h1", 1000.0 + 5 * i, [gpu(0, power_limit_w=w, power_default_limit_w=700.0, power_w=380.0),
+                                              gpu(1, power_limit_w=690.0, power_default_limit_w=700.0),
+                                              gpu(2, power_limit_w=400.0, power_w=380.0)], seq=i)
+               for i, w in enumerate(limits)]
+    alerts, _ = run(samples)
+    assert named(alerts, "GpuPowerLimitReduced") == [("firing", 1020.0), ("resolved", 1080.0 + 60.0)]
+    fired = next(a for a in alerts if a.alertname == "GpuPowerLimitReduced")
+    assert fired.gpu_index == 0 and fired.severity == "info" and named(alerts, INCIDENT) == []
+    assert "enforced 400 W, default 700 W" in fired.summary  # 690 W (1.4 % under) and no default known: nothing
+    assert fired.evidence["power_limit_w"] == 400.0 and fired.evidence["power_default_limit_w"] == 700.0
+
+
 def test_fingerprint_is_stable_and_shared_by_firing_and_resolved():
     alerts, _ = run(temps_series("h1", [90] * 5 + [80] * 20))
     firing, resolved = [a for a in alerts if a.alertname == "GpuTempSlowdown"]
