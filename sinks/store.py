@@ -143,13 +143,15 @@ def add_missing_columns(client: Client, database: str, cluster: str | None = Non
             if not have:
                 continue
             prev = None
-            for col in table.columns:
-                if col.name not in have:
-                    stmt = (f"ALTER TABLE {database}.{target}{shape.on} ADD COLUMN IF NOT EXISTS {col.ddl()} "
+            # the stored columns, then (after the ingestion time) the aliases that read scaled ones in their unit
+            added = [(c.name, c.ddl()) for c in table.columns] + [(table.ingested_at.name, None)]
+            for name, ddl in added + [(c.alias.name, c.alias.ddl()) for c in table.aliases]:
+                if name not in have and ddl is not None:
+                    stmt = (f"ALTER TABLE {database}.{target}{shape.on} ADD COLUMN IF NOT EXISTS {ddl} "
                             + (f"AFTER `{prev}`" if prev else "FIRST"))
                     _command(client, stmt, f"migration failed: {stmt}")
                     applied.append(stmt)
-                prev = col.name
+                prev = name
     return applied
 
 
