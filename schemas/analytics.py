@@ -203,4 +203,6 @@ class InjectedFault(_Derived):
     end_ts: float | None = Field(default=None, json_schema_extra=ch("Nullable(DateTime64(3, 'UTC'))"))
     hardware: bool = Field(default=True, description="False for faults with no hardware cause (software bugs)")
     expected: list[str] = Field(default_factory=list, description="signals a detector should raise")
+    allowed: list[str] = Field(default_factory=list, description="signals a detector may raise or not: a band where "
+                               "timing decides (neither counted as found nor as false)")
     params: dict[str, float] = Field(default_factory=dict)

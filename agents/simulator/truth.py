@@ -253,5 +253,28 @@ def truth_record(*, run_id: str, number: int, spec, fleet: Fleet, host: int, gpu
         "job": job, "rank": rank, "ts": start_ts + spec.at,
         "end_ts": None if spec.duration is None else start_ts + spec.end,
         "hardware": spec.hardware if spec.hardware is not None else hardware,
-        "expected": spec.expect if spec.expect is not None else expected, "params": params,
+        "expected": spec.expect if spec.expect is not None else expected,
+        "allowed": [] if spec.expect is not None else allowed_tokens(spec, fleet, ranked, interval),
+        "params": params,
     }
+
+
+def allowed_tokens(spec, fleet: Fleet, ranked: bool, interval: float = 10.0) -> list[str]:
+    """What a fault in a band where timing decides may raise without it being expected or false: a slow rank
+    between transient and a straggler (straggler_outcome "either"), thermal or power slowness between
+    STRAGGLER_TRANSIENT_S and STRAGGLER_MIN_S, a host silent between SILENCE_TRANSIENT_S and SILENCE_MIN_S, a
+    throttling sensor flap between the recurring-problems policy's bands (flap_outcome "either"), a power cap shorter
+    than a sample interval."""
+    if spec.kind == "slow_rank" and ranked and straggler_outcome(spec) == "either":
+        return ["straggler"]
+    if spec.kind == "power_cap" and spec.cap_w * 1.03 <= fleet.device.power_limit_w and not lasts(spec, interval):
+        return [POWER_LIMIT_REDUCED]  # shorter than a sample interval: seen if a sample falls inside it
+    if spec.kind in SLOWS_RANK and ranked and lasts(spec, STRAGGLER_TRANSIENT_S) and not lasts(spec, STRAGGLER_MIN_S):
+        return ["straggler"]
+    if (spec.kind == "host_down" and not (spec.announced or spec.whole_rack) and spec.duration is not None
+            and SILENCE_TRANSIENT_S < spec.duration < SILENCE_MIN_S):
+        return ["fault:host_silent", "bin:reboot", "drain"]
+    if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c \
+            and flap_outcome(spec, interval) == "either":
+        return ["drain"]
+    return []

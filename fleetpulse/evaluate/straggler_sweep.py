@@ -50,7 +50,7 @@ class Cell:
     others: int
     truth: str
     within_s: float
-    clear_within_s: float = 120.0  # clear_after x window_s past the last slow window, with a window's margin
+    clear_within_s: float = 120.0  # clear_after x window_s (60 s) past the last slow window, with room to spare
 
     def ok(self) -> bool:
         if self.others or (self.first_flag_s is not None and self.first_flag_s < 0):

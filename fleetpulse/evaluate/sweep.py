@@ -27,9 +27,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from agents.simulator.kinds import SensorFlap
 from agents.simulator.runner import FleetSimulator
-from agents.simulator.truth import SILENCE_MIN_S, SILENCE_TRANSIENT_S, flap_outcome
 from fleetpulse.evaluate import straggler_sweep
 from schemas.codec import encode
 from schemas.topics import AGENT, ALERTS, DRAIN, HOST_EVENTS, NET, SAMPLES, XID
@@ -75,9 +73,9 @@ class Cell:
 
 def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 10.0, seed: int = 1,
              outcome: str | None = None) -> Cell:
-    """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage; `outcome`: what the cell
-    must show where the family says it (a band where timing decides, an episode's alert) rather than truth's
-    tokens."""
+    """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage, judged by truth's tokens: a
+    drain expected, allowed (a band where timing decides: "either") or neither; `outcome`: what the cell must show
+    instead where the family says it (an episode's alert)."""
     scenario = {"name": "sweep", "fleet": {"hosts": hosts}, "faults": [fault]}
     sim = FleetSimulator(seed=seed, scenario=scenario, start_ts=T0, interval=interval_s, nccl_interval=0)
     truth: list[dict] = []
@@ -100,7 +98,8 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
     fired = Counter(a["alertname"] for a in firing if (a.get("labels") or {}).get("incident"))
     conditions = tuple(sorted(fired))
     params = {k: v for k, v in fault.items() if k not in ("host", "gpu")}
-    expected = outcome or ("drain" if any("drain" in t["expected"] for t in truth) else "alert")
+    expected = outcome or ("drain" if any("drain" in t["expected"] for t in truth) else
+                           "either" if any("drain" in t["allowed"] for t in truth) else "alert")
     target = sim.fleet.hosts[fault["host"]] if isinstance(fault.get("host"), int) else fault.get("host")
     return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected, conditions,
                 max(fired.values(), default=0), sum(d["host"] != target for d in drains))
@@ -114,13 +113,8 @@ def flap(period_s: float, duty: float) -> dict:
 
 
 def flaps(periods=PERIODS, duties=DUTIES, hours: float = 2.0, interval_s: float = 10.0) -> list[Cell]:
-    return [run_cell(f, hours=hours, interval_s=interval_s, outcome=_band(f, interval_s))
+    return [run_cell(f, hours=hours, interval_s=interval_s)
             for f in (flap(p, d) for p in periods for d in duties)]
-
-
-def _band(fault: dict, interval_s: float) -> str | None:
-    """"either" for a flap in the band where timing decides (not judged), else None: truth's tokens judge it."""
-    return "either" if flap_outcome(SensorFlap.model_validate(fault), interval_s) == "either" else None
 
 
 def episode(kind: str, duration_s: float) -> dict:
@@ -163,15 +157,7 @@ def outage_faults(durations=OUTAGE_DURATIONS, flaps=(1, 2, 3, 5), every=(30.0, 3
 def outages(faults: list[dict] | None = None, hours: float = 1.0, hosts: int = 8) -> list[Cell]:
     """Each outage on one host of `hosts` (enough that one silent host is the host's fault, not its rack's), for an
     hour: that host drained exactly when truth says so, at most once, and no other."""
-    return [run_cell(f, hours=hours, hosts=hosts, outcome=_silence_band(f)) for f in (faults or outage_faults())]
-
-
-def _silence_band(fault: dict) -> str | None:
-    """"either" for a host down longer than the silence rule's first threshold but shorter than truth's SILENCE_MIN_S
-    (when its last sample fell decides), else None: truth's tokens judge it."""
-    d = fault.get("duration")
-    band = fault["kind"] == "host_down" and d is not None and SILENCE_TRANSIENT_S < d < SILENCE_MIN_S
-    return "either" if band else None
+    return [run_cell(f, hours=hours, hosts=hosts) for f in (faults or outage_faults())]
 
 
 def cells_table(cells: list[Cell], max_pages_per_hour: float) -> str:

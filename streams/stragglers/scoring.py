@@ -143,7 +143,8 @@ def advance(state: JobState | None, job: str, batch: Batch, cfg: Config = Config
             why = (f"the job restarted with {batch.world_size} ranks (was {state.world_size})"
                    if state.world_size != batch.world_size else
                    f"scoring windows are now {cfg.window_s:g} s (were {state.window_s:g} s)")
-            out += [_dropped(state, int(r), why) for r in np.flatnonzero(state.flagged).tolist()]
+            now = max(float(batch.ts.max()), state.wm) if batch.ts.size else state.wm
+            out += [_dropped(state, int(r), why, now) for r in np.flatnonzero(state.flagged).tolist()]
         state = JobState(job, batch.world_size, cfg.window_s)
     dropped = state.ingest(batch, cfg.window_s)
     state.fold(cfg.window_s, cfg.grace_s, cfg.max_pending)
@@ -180,13 +181,16 @@ def persist(state: JobState, s: Scores, start: float, end: float, cfg: Config) -
     return out
 
 
-def _dropped(state: JobState, r: int, why: str) -> StragglerScore:
-    """The clear of a flag whose history is dropped (the job restarted, or its windows changed length)."""
+def _dropped(state: JobState, r: int, why: str, now: float) -> StragglerScore:
+    """The clear of a flag whose history is dropped (the job restarted, or its windows changed length), dated `now`,
+    the newest timing that dropped it: consumers keep a rank's newest score, and the flag's own was the last window's
+    end. The window is the last one on the old grid."""
     end = (state.closed + 1) * state.window_s if state.closed is not None else state.wm
     host = state.hosts[state.host_of[r]] if state.host_of[r] >= 0 else ""
     gpu = int(state.gpu_of[r]) if state.gpu_of[r] >= 0 else None
     return StragglerScore(
-        ts=end, job=state.job, rank=r, host=host, gpu_index=gpu, window_start=end - state.window_s, window_end=end,
+        ts=max(now, end), job=state.job, rank=r, host=host, gpu_index=gpu, window_start=end - state.window_s,
+        window_end=end,
         value=0.0, median=0.0, mad=0.0, z=0.0, slowdown_pct=0.0, flagged=False,
         windows_flagged=int(np.bitwise_count(state.hits[r])), windows_seen=int(np.bitwise_count(state.seen[r])),
         reasons=[f"cleared: rank {r}'s history is dropped: {why}"],

@@ -10,10 +10,11 @@ T0 = 1_700_000_000.0
 RUN = score.Run(start_ts=T0, end_ts=T0 + 600, hosts=10, gpus=80, dwell_s=600, breaker_cap=3, breaker_window_s=900)
 
 
-def truth(fid, kind, host, ts, *, gpu=None, expected=(), hardware=True, end=None, job=None, rank=None, rack="r0"):
+def truth(fid, kind, host, ts, *, gpu=None, expected=(), hardware=True, end=None, job=None, rank=None, rack="r0",
+          allowed=()):
     return {"fault_id": fid, "kind": kind, "cause": "", "host": host, "rack": rack, "gpu_index": gpu, "job": job,
             "rank": rank, "ts": T0 + ts, "end_ts": None if end is None else T0 + end, "hardware": hardware,
-            "expected": list(expected), "kafka_ts": 5000.0 + ts}
+            "expected": list(expected), "allowed": list(allowed), "kafka_ts": 5000.0 + ts}
 
 
 def fault(host, gpu, code, ts, kafka_ts, bin_="reboot", decided=None):
@@ -228,3 +229,19 @@ def test_a_silent_host_is_out_of_usable_compute_until_its_reboot_cycle_ends():
     # h1 is out until its reboot cycle ends (the bot's repair brings a dead host back: FleetSimulator.repaired), 4 of
     # the 10 minutes as at their ends; the maintained h2 is never out (no drain expected)
     assert score.usable_compute(minutes, down, run)["truth_mean"] == pytest.approx((4 * 0.9 + 6 * 1.0) / 10)
+
+
+def test_a_signal_a_band_allows_is_neither_found_nor_false():
+    # A host down 120 s (between the silence rule's 60 s and truth's 150 s) and a slow rank of 4 % (between 3 and 5):
+    # timing decides, so a drain or a flag is explained, and its absence is no miss.
+    t = [truth("h", "host_down", "h1", 100, end=220, allowed=["fault:host_silent", "bin:reboot", "drain"]),
+         truth("s", "slow_rank", "h0", 120, gpu=5, job="job-0000", rank=9, allowed=["straggler"])]
+    flags = [{"job": "job-0000", "rank": 9, "host": "h0", "gpu_index": 5, "flagged": True, "ts": T0 + 215,
+              "kafka_ts": 9.0}]
+    sigs = score.signals([fault("h1", None, "host_silent", 180, 1.0)], [], flags, [drain("h1", 181, 2.0)])
+    outcomes = score.match(t, sigs, RUN)
+    assert score.drains(outcomes, sigs, t, RUN)["false"] == 0
+    s = score.stragglers(outcomes, sigs)
+    assert (s["expected"], s["flagged_expected"], s["other_ranks_flagged"]) == (0, 0, 0)
+    assert all(o.detected == {} and o.drain is None for o in outcomes)
+    assert score.per_kind(outcomes, sigs, {})["host_down"]["observable"] == 0

@@ -270,7 +270,7 @@ def test_windows_of_another_length_restart_the_job_history():
     # A worker restarted with FLEETPULSE_STRAGGLERS window_s 30 after 10: hits counted on one grid are not K of N
     # windows of the other; a checkpoint written before windows had a configurable length was on the 30 s grid.
     records = sim_records(8, 100, seed=9, rank=3, pct=30.0)
-    _, state = run_records(records[:760])
+    before, state = run_records(records[:760])
     assert state.flagged[3] and state.window_s == CFG.window_s
     flagged = state.flagged.copy()
     longer = Config(window_s=30, k=3, n=5, clear_after=2)
@@ -279,6 +279,7 @@ def test_windows_of_another_length_restart_the_job_history():
     cleared = [s for s in scores if "history is dropped" in s.reasons[0]]  # whoever saw a flag sees it cleared
     assert [s.rank for s in cleared] == np.flatnonzero(flagged).tolist() and not any(s.flagged for s in cleared)
     assert cleared and cleared[0].reasons[0].endswith("scoring windows are now 30 s (were 10 s)")
+    assert cleared[0].ts > max(s.ts for s in before if s.rank == 3)  # newer than the flag: consumers keep it
 
 
 @pytest.mark.parametrize("bad", [
