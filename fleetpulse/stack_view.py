@@ -43,7 +43,9 @@ FACT_NAMES = ("alert_messages", "firing", "installed", "usable", "lifecycle_minu
 # What happened, newest first: alerts fired, faults found, stragglers flagged, node state changes, bot requests.
 EVENTS_SQL = """
 SELECT toUnixTimestamp64Milli(ts) AS at, line FROM (
-    SELECT starts_at AS ts, concat('alert      ', any(alertname), ' on ', any(host),
+    SELECT starts_at AS ts, concat('alert      ', any(alertname), ' on ',
+                                   multiIf(any(host) != '', any(host), any(rack) != '', concat('rack ', any(rack)),
+                                           any(labels['job']) != '', concat('job ', any(labels['job'])), 'the fleet'),
                                    ifNull(concat(' GPU ', toString(any(gpu_index))), '')) AS line
     FROM alerts WHERE status = 'firing' GROUP BY fingerprint, starts_at
     UNION ALL
