@@ -104,6 +104,14 @@ def max_future_s() -> float:
     return load(CommonSettings).max_future_s
 
 
+@functools.cache
+def max_record_bytes() -> int:
+    """The largest record value a consumer decodes (FLEETPULSE_MAX_RECORD_BYTES)."""
+    from core.settings import CommonSettings, load
+
+    return load(CommonSettings).max_record_bytes
+
+
 def _stamps(model: type[BaseModel]) -> tuple[str | None, str | None]:
     """The record's own time field, and the list whose items carry theirs (NcclStep's ranks)."""
     nested = None
@@ -119,7 +127,8 @@ class Validator:
     """Decode and check records of one model: `decode(raw bytes)` for consumers, `check(dict)` for in-memory values.
 
     Consumers also refuse a record stamped more than max_future_s() ahead of their clock: one sample from a host whose
-    clock says 2031 would move that host's watermark there, and every true sample after it would look stale."""
+    clock says 2031 would move that host's watermark there, and every true sample after it would look stale; and a
+    record larger than max_record_bytes(), before decoding it."""
 
     def __init__(self, model: type[BaseModel]):
         self.model = model
@@ -135,6 +144,9 @@ class Validator:
         """Bytes -> the checked record as plain dicts; DecodeError names the first field at fault."""
         if raw is None:
             raise DecodeError("empty record value (tombstone)")
+        if len(raw) > max_record_bytes():  # refused unread: what a consumer holds for one record stays bounded
+            raise DecodeError(f"record of {len(raw):,} bytes is over FLEETPULSE_MAX_RECORD_BYTES="
+                              f"{max_record_bytes():,}")
         try:
             value = self._decoder.decode(raw)
         except msgspec.ValidationError as exc:

@@ -4,6 +4,7 @@ raw topic and the records that used to split the consumers' checks."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import urllib.request
 import orjson
@@ -13,7 +14,7 @@ from schemas.provision import ensure_topics
 from core.settings import CommonSettings, load
 from schemas.codec import encode
 from schemas.dead_letter import original
-from schemas.topics import FAULTS, NCCL, SAMPLES, TOPICS, XID
+from schemas.topics import FAULTS, HEALTH, NCCL, SAMPLES, TOPICS, XID
 from tests.streams.helpers import gpu, sample
 from tests.conftest import _free_port
 from tests.pipeline import worker_and_sink
@@ -108,3 +109,88 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
             assert facts["component"] == "sink" and facts["source_topic"] == topic.full(topic_prefix)
             assert expected[(facts["partition"], facts["offset"])] in facts["reason"], facts
             assert facts["truncated"] == (facts["value_bytes"] > 256 * 1024) and len(raw) <= 256 * 1024
+
+
+async def _allow_records_of(bootstrap: str, topic: str, max_bytes: int) -> None:
+    """Let `topic` take records of up to `max_bytes` (Kafka's default is 1 MiB), as a cluster that allows large
+    records would: the consumers' own limit must hold where the broker's does not."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                  configs={"max.message.bytes": str(max_bytes)})])
+    finally:
+        await admin.close()
+
+
+async def test_samples_of_1_mb_10_mb_and_10000_gpus_get_one_dead_letter_each_that_fits_and_every_stage_goes_on(
+        settings_env, kafka_bootstrap, topic_prefix, tmp_path):
+    """Issue 9: each published among good samples; every stage that reads samples keeps working (samples after them
+    are folded by each, a host first seen after them is scored, an XID after them becomes a fault), and each gets one
+    dead letter that fits its topic."""
+    from aiokafka import AIOKafkaProducer
+
+    common = load(CommonSettings)
+    await ensure_topics(common.kafka_client_args(), topic_prefix)
+    topic = SAMPLES.full(topic_prefix)
+    await _allow_records_of(kafka_bootstrap, topic, 16 << 20)
+    t0 = time.time() - 600
+    before = [sample(f"h{h}", t0 + k, [gpu(g) for g in range(8)], seq=k) for k in range(5) for h in range(3)]
+    after = [sample(f"h{h}", t0 + k, [gpu(g) for g in range(8)], seq=k) for k in range(5, 10) for h in range(4)]
+    s = before[0]
+    crowd = [{"index": i % 256, "uuid": f"GPU-{i}", "pci_bus_id": "0000:18:00.0"} for i in range(10_000)]
+    bad = [(b"{" + b"x" * 999_999, "not JSON"),  # 1 MB, under the size limit: read, and refused as what it is
+           # 10 MB, well-formed (its padding an unknown key a consumer would drop): refused unread, for its size
+           (orjson.dumps({**s, "seq": 90, "pad": "x" * 10_000_000}), "over FLEETPULSE_MAX_RECORD_BYTES=1,048,576"),
+           (orjson.dumps({**s, "seq": 91, "gpus": crowd}), "length <= 256 - at `$.gpus`")]
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True,
+                                max_request_size=16 << 20)
+    await producer.start()
+    try:
+        for r in before:
+            await producer.send_and_wait(topic, encode(r), key=r["host"].encode())
+        sent = [await producer.send_and_wait(topic, raw, key=b"h0") for raw, _ in bad]
+        for r in after:
+            await producer.send_and_wait(topic, encode(r), key=r["host"].encode())
+        xid = {"host": "h2", "ts": t0 + 20, "code": 79, "gpu_index": 5, "message": "GPU has fallen off the bus."}
+        await producer.send_and_wait(XID.full(topic_prefix), orjson.dumps(xid), key=b"h2")
+    finally:
+        await producer.stop()
+    where = {(m.partition, m.offset): why for m, (_, why) in zip(sent, bad)}
+    good = len(before) + len(after)
+
+    async def settled() -> bool:
+        return stats.rows == 8 * good and stats.dead_letters == len(bad)
+
+    async def fault() -> list[dict]:
+        records = await read_all(kafka_bootstrap, FAULTS.full(topic_prefix), FAULTS.partitions)
+        return [f for f in map(orjson.loads, (r.value for r in records)) if (f["host"], f["code"]) == ("h2", "xid:79")]
+
+    async def scored_h3() -> list[dict]:  # a host whose first sample came after the bad ones
+        records = await read_all(kafka_bootstrap, HEALTH.full(topic_prefix), HEALTH.partitions)
+        return [r for r in map(orjson.loads, (r.value for r in records)) if r["host"] == "h3"]
+
+    log, port = tmp_path / "worker.log", _free_port()
+    async with worker_and_sink(log, env={"FLEETPULSE_STREAMS_METRICS_PORT": str(port)}) as sink:
+        stats = sink.stats.tables["gpu_samples"]
+        await wait_for("every good sample stored, every bad one dead-lettered", settled, 120, log)
+        await wait_for("the XID after the bad samples, a fault", fault, 60, log)
+        await wait_for("a host first seen after the bad samples, scored", scored_h3, 60, log)
+        scrape = (await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())).decode()
+    assert f'fleetpulse_topic_refused_total{{topic="{topic}"}} {len(bad) * 1.0}' in scrape
+    for stage in ("power_thermal", "fault_bins", "health", "stragglers", "silence"):  # every reader of the samples
+        received = float(re.search(rf'^fleetpulse_stage_received_total{{stage="{stage}"}} (\S+)$', scrape, re.M)[1])
+        assert received >= good, (stage, received)  # each took every good sample, those after the bad ones too
+        assert f'fleetpulse_stage_crashes_total{{stage="{stage}"}} 0.0' in scrape, stage
+    letters = [(facts, raw, r.value) for r in await read_all(kafka_bootstrap, SAMPLES.dlq(topic_prefix), 1)
+               for facts, raw in [original(r.value)]]
+    assert sorted((f["partition"], f["offset"]) for f, _, _ in letters) == sorted(where)
+    for facts, raw, envelope in letters:
+        assert where[(facts["partition"], facts["offset"])] in facts["reason"], facts["reason"]
+        assert facts["component"] == "sink" and len(envelope) < 1 << 20  # it fits a topic of the default limit
+        assert facts["truncated"] == (facts["value_bytes"] > 256 * 1024) and len(raw) <= 256 * 1024
+    assert sorted(f["value_bytes"] for f, _, _ in letters)[1:] == [1_000_000, len(bad[1][0])]

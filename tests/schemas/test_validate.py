@@ -172,6 +172,25 @@ def test_a_record_stamped_far_ahead_of_the_consumers_clock_is_refused(monkeypatc
         max_future_s.cache_clear()
 
 
+def test_a_record_over_the_size_limit_is_refused_before_it_is_decoded(monkeypatch):
+    from schemas.validate import max_record_bytes
+
+    padded = orjson.dumps({**SAMPLE, "note": "x" * 1_100_000})  # well-formed: an unknown key a consumer would drop
+    with pytest.raises(DecodeError, match=r"record of 1,10\d,\d{3} bytes is over FLEETPULSE_MAX_RECORD_BYTES=1,048,576"):
+        SAMPLES.decode(padded)
+    monkeypatch.setenv("FLEETPULSE_MAX_RECORD_BYTES", str(2 << 20))
+    max_record_bytes.cache_clear()
+    try:
+        assert "note" not in SAMPLES.decode(padded)  # an operator who allows more gets it decoded
+        monkeypatch.setenv("FLEETPULSE_MAX_RECORD_BYTES", "4096")
+        max_record_bytes.cache_clear()
+        with pytest.raises(DecodeError, match="over FLEETPULSE_MAX_RECORD_BYTES=4,096"):
+            SAMPLES.decode(orjson.dumps({**SAMPLE, "note": "x" * 4096}))
+    finally:
+        monkeypatch.delenv("FLEETPULSE_MAX_RECORD_BYTES")
+        max_record_bytes.cache_clear()
+
+
 def test_the_pipelines_own_outputs_may_key_otherwise():
     from schemas.topics import TOPICS
 
