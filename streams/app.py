@@ -20,6 +20,7 @@ from streams.runtime import delivery
 from streams.runtime.lane import Lane, Wired
 from streams.runtime.offsets import GapWatch, RewindingConsumer, watch_offset_gaps
 from streams.runtime.spec import StageSpec
+from streams.runtime.supervisor import LaneSupervisor
 from streams.settings import StreamsSettings, streams_settings
 
 APP_ID = "fleetpulse-streams"
@@ -156,6 +157,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
         datadir=str(datadir),
         autodiscover=False,
         monitor=QuietMonitor(),
+        agent_supervisor=LaneSupervisor,  # a lane restarted after a crash stops with the worker
     )
     metrics = MetricsRegistry()
     runtime = StreamsRuntime(s, chosen, metrics, emitter or TopicEmitter(app), {}, worker=worker)

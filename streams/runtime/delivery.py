@@ -197,6 +197,15 @@ def acknowledge(consumer, messages) -> None:
     notify(consumer._waiting_for_ack)
 
 
+def abandon(consumer, messages) -> None:
+    """The records of a lane's batch that raised: not acknowledged, so never committed (the consumer reads them again
+    from the last commit, streams/runtime/offsets.py), and no longer tracked: faust's stop waits until every tracked
+    record is acknowledged, and these never will be (a worker giving up after its lane's crashes hung there)."""
+    unacked = consumer._unacked_messages
+    for m in messages:
+        unacked.discard(m)
+
+
 def install(eager: bool = True) -> bool:
     """The fetch loop of every faust consumer in this process: this one (`eager`), or faust's own. True if this one
     is in place; faust's is kept on another faust version."""

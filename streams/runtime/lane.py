@@ -22,7 +22,7 @@ from schemas.codec import decode as json_decode
 from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
 from streams.metrics import MetricsRegistry, StageMetrics
-from streams.runtime.delivery import acknowledge
+from streams.runtime.delivery import abandon, acknowledge
 from streams.runtime.inbox import Inbox
 from streams.runtime.spec import Emit, Input, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
@@ -162,8 +162,12 @@ class Lane:
                 if not m.tracked:
                     m.tracked = True
                     unacked.add(m)
-            async with self._one_batch:
-                await self.batch(messages)
+            try:
+                async with self._one_batch:
+                    await self.batch(messages)
+            except BaseException:
+                abandon(consumer, messages)
+                raise
             acknowledge(consumer, messages)
 
     async def batch(self, messages: Sequence[Message]) -> None:

@@ -64,3 +64,62 @@ def test_healthz_answers_503_naming_the_stage_and_metrics_count_the_crashes():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.integration
+async def test_a_worker_whose_output_the_broker_refuses_gives_up_loudly_and_loses_nothing(
+        settings_env, kafka_bootstrap, topic_prefix, tmp_path):
+    """A real producer error that no retry mends (the faults topic set to take 64-byte records): the lane that sends
+    there crashes each time it tries, the worker exits 1 naming the stage and the error, not half-alive; the XID stays
+    uncommitted, so a worker started once the topic is mended turns it into exactly one fault."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from datetime import datetime
+
+    from schemas.provision import ensure_topics
+    from schemas.topics import FAULTS, XID
+    from tests.pipeline import REPO
+    from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+    from tests.test_dead_letters_end_to_end import _allow_records_of
+
+    await ensure_topics({"bootstrap_servers": kafka_bootstrap}, topic_prefix)
+    faults = FAULTS.full(topic_prefix)
+    await _allow_records_of(kafka_bootstrap, faults, 64)
+    xid = {"host": "h1", "ts": time.time() - 60, "code": 79, "gpu_index": 3, "message": "GPU has fallen off the bus."}
+    await produce(kafka_bootstrap, XID.full(topic_prefix), [(b"h1", orjson.dumps(xid))])
+    log = tmp_path / "worker.log"
+
+    def worker(**env: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "streams.cli", "--stages", "fault_bins"], cwd=REPO,
+                                stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO), **env})
+
+    proc = worker(FLEETPULSE_STREAMS_MAX_CRASHES="2")
+    try:
+        rc = await asyncio.to_thread(proc.wait, 120)
+    except subprocess.TimeoutExpired:
+        stop_worker(proc, log, failing=True)
+        raise AssertionError(f"the worker did not give up:\n{log.read_text()[-4000:]}") from None
+    exited, text = datetime.now(), log.read_text()
+    assert rc == 1, text[-3000:]
+    assert "stage fault_bins crashed 2 times" in text and "MessageSizeTooLarge" in text, text[-3000:]
+    # Stopped within seconds of deciding to: faust restarted the crashed lane with an actor its stop skipped, and
+    # waited for the crashed batch's records to be acknowledged, so the worker hung until SIGKILL.
+    line = next(ln for ln in text.splitlines() if "stopping the worker" in ln)
+    assert (exited - datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")).total_seconds() < 15, text[-3000:]
+
+    await _allow_records_of(kafka_bootstrap, faults, 1 << 20)
+
+    async def fault() -> list[dict]:
+        out = [orjson.loads(r.value) for r in await read_all(kafka_bootstrap, faults, FAULTS.partitions)]
+        return [f for f in out if (f["host"], f["code"]) == ("h1", "xid:79")]
+
+    proc = worker()
+    try:
+        await wait_for("the XID's fault, once the topic takes it", fault, 90, log)
+        await asyncio.sleep(2)  # time for a duplicate to show, were one sent
+    finally:
+        stop_worker(proc, log)
+    assert len(await fault()) == 1
