@@ -1,6 +1,6 @@
-"""The sink killed with SIGKILL ten times at random points while samples keep arriving: restarted each time on the
-same embedded store, it ends with every sample stored exactly once (nothing lost, nothing doubled), in the raw table
-and in the rollups its views feed."""
+"""The sink killed with SIGKILL ten times at random points while every raw topic keeps receiving records: restarted
+each time on the same embedded store, it ends with every record of every topic stored exactly once (nothing lost,
+nothing doubled), in each raw table and in the rollups its views feed."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from core.settings import CommonSettings, load
 from fleetpulse.query import ask_owner
 from schemas.codec import encode
 from schemas.provision import ensure_topics
+from schemas.tables import TABLE_BY_TOPIC
 from schemas.topics import SAMPLES
 from tests.conftest import REPO, _free_port
+from tests.hostile_corpus import GOOD
 from tests.sinks.test_sink_end_to_end import sample
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -28,8 +30,8 @@ KILLS, SAMPLES_TOTAL = 10, 3000
 
 
 def start_sink(env: dict, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fleetpulse.cli", "sink", "--tables", "gpu_samples"], cwd=REPO,
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "fleetpulse.cli", "sink"], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 async def test_the_sink_killed_ten_times_while_data_flows_loses_and_doubles_nothing(settings_env, tmp_path):
@@ -42,18 +44,33 @@ async def test_the_sink_killed_ten_times_while_data_flows_loses_and_doubles_noth
     asking = settings.model_copy(update={"query_port": port})
     now = time.time() - 600
 
+    others = [topic for topic in GOOD if topic is not SAMPLES]
+    sent = {topic.name: [0, 0] for topic in GOOD}  # records, rows
+
     async def publish() -> None:
         producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
         await producer.start()
+        draw = random.Random(5)
         try:
             for seq in range(SAMPLES_TOTAL // 12):
                 for h in range(12):
                     await producer.send(SAMPLES.full(settings.topic_prefix), encode(sample(h, seq, now)),
                                         key=f"h{h:03d}".encode())
+                for topic in others:  # one record of each other raw topic per round
+                    record = GOOD[topic](draw, now, seq)
+                    await producer.send(topic.full(settings.topic_prefix), encode(record),
+                                        key=topic.key_of(record))
+                    sent[topic.name][0] += 1
+                    sent[topic.name][1] += len(TABLE_BY_TOPIC[topic.name].rows(topic.check(record), 0, 0))
                 await asyncio.sleep(0.06)
             await producer.flush()
         finally:
             await producer.stop()
+        sent[SAMPLES.name] = [SAMPLES_TOTAL, SAMPLES_TOTAL * 8]
+
+    def table_counts() -> str:
+        return " UNION ALL ".join(f"SELECT '{t}', count(), uniqExact(kafka_partition, kafka_offset) FROM "
+                                  f"{TABLE_BY_TOPIC[t].name}" for t in sent)
 
     rng = random.Random(11)
     flowing = asyncio.create_task(publish())
@@ -73,7 +90,11 @@ async def test_the_sink_killed_ten_times_while_data_flows_loses_and_doubles_noth
                 answer = await asyncio.to_thread(ask_owner, asking, "SELECT count(), uniqExact(kafka_partition, "
                                                  "kafka_offset), uniqExact(host, seq, gpu_index) FROM gpu_samples")
                 counts = tuple(int(v) for v in answer.split()) if answer else None
-                if counts and counts[0] >= SAMPLES_TOTAL * 8:
+                stored = await asyncio.to_thread(ask_owner, asking, table_counts())
+                tables = {t: [int(n), int(r)] for t, n, r in (ln.split("\t") for ln in stored.decode().splitlines())} \
+                    if stored else {}
+                if counts and counts[0] >= SAMPLES_TOTAL * 8 and all(tables.get(t, [0])[0] >= rows
+                                                                      for t, (_, rows) in sent.items()):
                     # an insert's raw part is visible before its views' parts: wait for the last one's rollups too
                     answer = await asyncio.to_thread(ask_owner, asking, "SELECT (SELECT sum(samples) FROM gpu_1m), "
                                                      "(SELECT sum(gpu_samples) FROM fleet_1d)")
@@ -86,3 +107,5 @@ async def test_the_sink_killed_ten_times_while_data_flows_loses_and_doubles_noth
     # every row once: 8 GPUs per sample, each sample's record once, each (host, seq, GPU) once
     assert counts == (SAMPLES_TOTAL * 8, SAMPLES_TOTAL, SAMPLES_TOTAL * 8)
     assert rollups == (SAMPLES_TOTAL * 8,) * 2  # and so did the rollups
+    # every other raw table too: its rows once, each record's (partition, offset) once
+    assert {t: [rows, records] for t, (records, rows) in sent.items()} == tables
