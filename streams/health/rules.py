@@ -260,7 +260,7 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
         if len(idx) >= len(h.rows) and idx == _IDENTITY[len(idx)]:
             h.rows = n[j:k].copy()  # a copy: a view would keep the whole batch's matrix alive
         else:
-            grown = _grown(h.rows, max(idx) + 1).copy()
+            grown = _grown(h.rows, max(idx, default=-1) + 1).copy()  # no GPUs: every installed one missing
             grown[idx] = n[j:k]
             h.rows = grown
         h.present = sorted(idx)

@@ -95,6 +95,19 @@ def test_a_gpu_missing_from_its_hosts_sample_is_lost():
     assert feed(h, 1, t0=T0 + 120).node.gates == []  # back after a reboot
 
 
+def test_a_sample_with_no_gpus_loses_every_installed_one():
+    """A valid sample (gpus may be empty: the driver sees none) is scored, not refused by the rules: the hostile corpus
+    found health raising on it (max() of no GPU indices) and dead-lettering a record the sink stored."""
+    h = HostHealth()
+    feed(h, 2)
+    sc = feed(h, 1, t0=T0 + 60, gpus=0)
+    assert sc.node.inputs["present_gpus"] == 0 and sc.node.gates == [f"gpu{i}/gpu_lost" for i in range(8)]
+    assert feed(h, 1, t0=T0 + 120).node.gates == []  # back after a reboot
+    fresh = HostHealth()
+    apply_sample(fresh, sample("h1", T0, [], seq=0), CFG)  # never a GPU: nothing installed, nothing to score
+    assert fresh.installed == 0 and fresh.present == []
+
+
 def test_fault_bins_gate_by_bin_and_software_bins_do_not():
     h = HostHealth()
     feed(h, 1)
