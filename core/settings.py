@@ -61,7 +61,7 @@ class CommonSettings(BaseSettings):
     max_future_s: float = Field(default=2 * 86_400.0, gt=0, description="a record stamped further ahead of this "
                                 "process's clock is refused (a host clock years ahead would freeze its state)")
     max_record_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20, description="a larger record is refused "
-                                  "before it is decoded (Kafka's own default limit; a sample of 8 GPUs is ~6 KB)")
+                                  "before it is decoded (Kafka's own default limit; a sample of 8 GPUs is ~8 KB)")
 
     @field_validator("kafka_security_protocol")
     @classmethod

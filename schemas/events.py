@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.columns import ch
-from schemas.limits import GPU_INDEX_MAX, ID_MAX, MAX_GPUS, NAME_MAX, TEXT_MAX
+from schemas.limits import DURATION_US_MAX, GPU_INDEX_MAX, ID_MAX, MAX_GPUS, NAME_MAX, TEXT_MAX
 
 TS = ch("DateTime64(3, 'UTC')")
 LC = ch("LowCardinality(String)")
@@ -123,8 +123,9 @@ class NcclTiming(BaseModel):
     seq: int = Field(ge=0, description="collective sequence number within the job's communicator")
     bytes: int = Field(ge=0)
     ts: float = Field(gt=0, json_schema_extra=TS, description="collective start on this rank, epoch seconds")
-    compute_us: float = Field(ge=0, description="compute time since this rank's previous collective")
-    collective_us: float = Field(ge=0, description="time inside the collective, waiting included")
+    compute_us: float = Field(ge=0, le=DURATION_US_MAX,
+                              description="compute time since this rank's previous collective")
+    collective_us: float = Field(ge=0, le=DURATION_US_MAX, description="time inside the collective, waiting included")
     source: Literal["inspector", "api", "nccl-tests", "simulator"] = "api"
 
     lean_checks: ClassVar[tuple] = (rank_in_world,)  # cross-field rules, shared with schemas/validate.py
@@ -153,8 +154,9 @@ class RankTiming(BaseModel):
     rank: int = Field(ge=0, le=UINT32_MAX, json_schema_extra=ch("UInt32"))
     gpu_index: int | None = Field(default=None, ge=0, le=GPU_INDEX_MAX)
     ts: float = Field(gt=0, json_schema_extra=TS, description="collective start on this rank, epoch seconds")
-    compute_us: float = Field(ge=0, description="compute time since this rank's previous collective")
-    collective_us: float = Field(ge=0, description="time inside the collective, waiting included")
+    compute_us: float = Field(ge=0, le=DURATION_US_MAX,
+                              description="compute time since this rank's previous collective")
+    collective_us: float = Field(ge=0, le=DURATION_US_MAX, description="time inside the collective, waiting included")
 
 
 # NcclTiming's fields that the ranks of one host share around one collective: the key of an NcclStep.

@@ -7,3 +7,5 @@ GPU_INDEX_MAX = MAX_GPUS - 1
 NAME_MAX = 253  # a DNS name's limit: hosts, racks, clusters, jobs
 ID_MAX = 128  # UUIDs (GPU-… and MIG-… are ~40 characters), PCI bus ids, models, driver versions, collectives
 TEXT_MAX = 4096  # a kernel-log line and its message (printk lines are under 1 KiB)
+DURATION_US_MAX = 1e12  # ~11.6 days: a rank's compute or collective time; no timer that works reads more, and the
+# straggler windows sum these in nanoseconds (a broken timer's 1e306 overflowed a window's sums to infinity)

@@ -172,11 +172,25 @@ def test_a_record_stamped_far_ahead_of_the_consumers_clock_is_refused(monkeypatc
         max_future_s.cache_clear()
 
 
+def test_a_rank_time_past_any_working_timer_is_refused():
+    """compute_us and collective_us are Float64 columns, so only the model bounds them: a broken timer's 1e306 was
+    stored and overflowed the straggler windows' nanosecond sums to infinity (the hostile corpus at 3,000 per topic)."""
+    step = {"job": "j", "world_size": 2, "host": "h", "collective": "AllReduce", "seq": 1, "bytes": 1,
+            "ranks": [{"rank": 0, "ts": 1.7e9, "compute_us": 3.6e9, "collective_us": 1.0}]}  # an hour: fine
+    assert NCCL.decode(orjson.dumps(step))["ranks"][0]["compute_us"] == 3.6e9
+    for field in ("compute_us", "collective_us"):
+        bad = {**step, "ranks": [{**step["ranks"][0], field: 1e306}]}
+        with pytest.raises(DecodeError, match=rf"<= 1000000000000.0 - at `\$.ranks\[0\].{field}`"):
+            NCCL.decode(orjson.dumps(bad))
+
+
 def test_a_record_over_the_size_limit_is_refused_before_it_is_decoded(monkeypatch):
     from schemas.validate import max_record_bytes
 
+    max_record_bytes.cache_clear()  # the default, whatever an earlier test left cached
     padded = orjson.dumps({**SAMPLE, "note": "x" * 1_100_000})  # well-formed: an unknown key a consumer would drop
-    with pytest.raises(DecodeError, match=r"record of 1,10\d,\d{3} bytes is over FLEETPULSE_MAX_RECORD_BYTES=1,048,576"):
+    with pytest.raises(DecodeError, match=r"record of 1,10\d,\d{3} bytes is over "
+                                          r"FLEETPULSE_MAX_RECORD_BYTES=1,048,576"):
         SAMPLES.decode(padded)
     monkeypatch.setenv("FLEETPULSE_MAX_RECORD_BYTES", str(2 << 20))
     max_record_bytes.cache_clear()
