@@ -173,6 +173,7 @@ def acknowledge(consumer, messages) -> None:
     acks_enabled_for = consumer.app.topics.acks_enabled_for
     committed_at, acked_index, acked, unacked = (consumer._committed_offset, consumer._acked_index, consumer._acked,
                                                  consumer._unacked_messages)
+    abandoned = getattr(consumer, "abandoned", ())
     n = 0
     with ack_lock:
         for m in messages:
@@ -180,6 +181,9 @@ def acknowledge(consumer, messages) -> None:
                 continue
             m.refcount = refcount = max(m.refcount - 1, 0)
             if refcount:  # another lane reads it too and has not acknowledged it yet
+                continue
+            if abandoned and m in abandoned:  # a lane that read it crashed: read again, not acknowledged
+                unacked.discard(m)
                 continue
             m.acked = True
             if not acks_enabled_for(m.topic):
@@ -197,13 +201,30 @@ def acknowledge(consumer, messages) -> None:
     notify(consumer._waiting_for_ack)
 
 
-def abandon(consumer, messages) -> None:
-    """The records of a lane's batch that raised: not acknowledged, so never committed (the consumer reads them again
-    from the last commit, streams/runtime/offsets.py), and no longer tracked: faust's stop waits until every tracked
-    record is acknowledged, and these never will be (a worker giving up after its lane's crashes hung there)."""
-    unacked = consumer._unacked_messages
-    for m in messages:
-        unacked.discard(m)
+def abandon(consumer, messages) -> dict:
+    """The records of a lane's batch that raised: never acknowledged, so never committed, and no longer waited for
+    (faust's stop waits until every tracked record is acknowledged, and these never will be: a worker giving up after
+    its lane's crashes hung there). A record another lane still holds is untracked when that lane is done with it
+    (acknowledge). The consumer holds its commits below the first of them per partition until they are read again
+    and acknowledged (streams/runtime/offsets.py): faust alone would commit past one at its committed offset, or any
+    on a partition never committed, once later records are acknowledged. Returns that first offset per partition."""
+    unacked, first = consumer._unacked_messages, {}
+    abandoned = getattr(consumer, "abandoned", None)
+    with ack_lock:
+        for m in messages:
+            if m.acked:
+                continue
+            first[m.tp] = min(m.offset, first.get(m.tp, m.offset))
+            m.refcount = refcount = max(m.refcount - 1, 0)
+            if refcount and abandoned is not None:
+                abandoned.add(m)
+            else:
+                unacked.discard(m)
+    hold = getattr(consumer, "hold", None)
+    if hold is not None:
+        for tp, offset in first.items():
+            hold(tp, offset)
+    return first
 
 
 def install(eager: bool = True) -> bool:

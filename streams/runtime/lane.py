@@ -136,6 +136,7 @@ class Lane:
         finally:
             for task in loops:
                 task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)  # a cancelled batch abandons its records first
 
     async def _from_stream(self, stream) -> None:
         async for events in stream.take_events(self.batch_max, within=self.within_s):
@@ -165,8 +166,15 @@ class Lane:
             try:
                 async with self._one_batch:
                     await self.batch(messages)
-            except BaseException:
+            except asyncio.CancelledError:
                 abandon(consumer, messages)
+                raise
+            except Exception:
+                for tp, offset in abandon(consumer, messages).items():  # read them again now
+                    try:
+                        await consumer.seek(tp, offset)
+                    except Exception as exc:  # noqa: BLE001 - no longer ours: its next owner reads from the commit
+                        log.warning("lane %s could not seek %s back to %d: %r", self.name, tp, offset, exc)
                 raise
             acknowledge(consumer, messages)
 
@@ -196,32 +204,44 @@ class Lane:
                     shared = Record(kind, value, key, msg.topic, msg.partition, msg.offset, ts_ms)
                 by_stage.setdefault(id(w), []).append(shared)
         done: list[tuple[Wired, StepState]] = []
-        for w in self.stages:
-            records = by_stage.get(id(w))
-            if not records:
-                continue
-            w.metrics.received += len(records)
-            emits, state, failed = run_step(w, records)
-            for rec, reason in failed:
-                w.metrics.errored += 1
-                show, held = self.refusals_log.take()
-                if show:
-                    w.log.warning("dead-lettered %s[%s]@%s: %s%s", rec.source, rec.partition, rec.offset, reason,
-                                  self.refusals_log.suffix(held))
-                msg = where[(rec.source, rec.partition, rec.offset)]
-                pending.append(await send_dead_letter(self.emitter, self.sources[rec.source].dlq, msg, reason,
-                                                      f"streams.{w.spec.name}"))
-            for e in emits:
-                pending.append(await self.emitter.send(self.target_name(e.to), e.key, e.value))
-                if e.log:
-                    w.log.log(e.level, "%s", e.log)
-            w.metrics.emitted += sum(1 for e in emits if isinstance(e.to, Topic))
-            done.append((w, state))
-        await asyncio.gather(*pending)  # outputs acknowledged before state is written
+        try:
+            for w in self.stages:
+                records = by_stage.get(id(w))
+                if not records:
+                    continue
+                w.metrics.received += len(records)
+                emits, state, failed = run_step(w, records)
+                done.append((w, state))
+                await self._send(pending, w, emits, failed, where)
+            await asyncio.gather(*pending)  # outputs acknowledged before state is written
+        except BaseException:
+            # Outputs not all acknowledged: the records will be read again (delivery.abandon), so the state they moved
+            # goes back to its last durable value, as a restart would find it, or the stages would drop them as done.
+            for _, state in done:
+                state.roll_back()
+            raise
         changelog = [sent for _, state in done for sent in state.flush()]
         await self.emitter.settle(changelog)  # state durable before faust may commit these offsets
         for w, _ in done:
             w.metrics.observe_batch(time.perf_counter() - started)
+
+    async def _send(self, pending: list[Awaitable], w: Wired, emits: list[Emit], failed: list[tuple[Record, str]],
+                    where: dict[tuple[str, int, int], Message]) -> None:
+        """Hand one stage's outputs, and the dead letters of the records its rules raised on, to the producer."""
+        for rec, reason in failed:
+            w.metrics.errored += 1
+            show, held = self.refusals_log.take()
+            if show:
+                w.log.warning("dead-lettered %s[%s]@%s: %s%s", rec.source, rec.partition, rec.offset, reason,
+                              self.refusals_log.suffix(held))
+            msg = where[(rec.source, rec.partition, rec.offset)]
+            pending.append(await send_dead_letter(self.emitter, self.sources[rec.source].dlq, msg, reason,
+                                                  f"streams.{w.spec.name}"))
+        for e in emits:
+            pending.append(await self.emitter.send(self.target_name(e.to), e.key, e.value))
+            if e.log:
+                w.log.log(e.level, "%s", e.log)
+        w.metrics.emitted += sum(1 for e in emits if isinstance(e.to, Topic))
 
     async def _refuse(self, pending: list[Awaitable], src: Source, msg: Message, reason: str) -> None:
         if src.name not in self.counts:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from weakref import WeakSet
 
 import faust
 from faust.transport.drivers import aiokafka as faust_kafka
@@ -50,10 +51,29 @@ class RewindingConsumerThread(faust_kafka.AIOKafkaConsumerThread):
 
 
 class RewindingConsumer(faust_kafka.Consumer):
-    """faust's consumer whose seek back to committed offsets also rewinds partitions with nothing committed."""
+    """faust's consumer whose seek back to committed offsets also rewinds partitions with nothing committed, and which
+    never commits past a record a lane's crashed batch left unprocessed (`held`, set by delivery.abandon)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.held: dict[TP, int] = {}  # partition -> the first record a crashed batch left, until it is acknowledged
+        self.abandoned: WeakSet = WeakSet()  # records a crashed lane left that another lane still holds
 
     def _new_consumer_thread(self) -> RewindingConsumerThread:
         return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def hold(self, tp: TP, offset: int) -> None:
+        self.held[tp] = min(offset, self.held.get(tp, offset))
+
+    def _new_offset(self, tp: TP) -> int | None:
+        held = self.held.get(tp)
+        if held is not None:
+            committed = self._committed_offset.get(tp)
+            if held in self._acked_index[tp] or (committed is not None and committed > held):
+                del self.held[tp]  # read again and acknowledged, or read by the group's member that committed it
+            else:
+                return None
+        return super()._new_offset(tp)
 
 
 def stall(acked: list[int] | None, committed: int | None, read: int | None, end: int | None) -> tuple[int, int] | None:
@@ -90,9 +110,11 @@ class GapWatch:
 
     async def check(self) -> None:
         consumer, acking = self.app.consumer, self.app.topics.acks_enabled_for
+        held = getattr(consumer, "held", {})
         stalls = {tp: st for tp in list(consumer.assignment()) if acking(tp.topic)  # streams' inputs, no changelog
                   if (st := stall(consumer._acked.get(tp), consumer._committed_offset.get(tp),
-                                  consumer._read_offset.get(tp), _end(consumer, tp))) is not None}
+                                  consumer._read_offset.get(tp), _end(consumer, tp))) is not None
+                  or (tp in held and (st := (held[tp], held[tp] + 1)))}  # a crashed batch's seek back that failed
         for tp, st in stalls.items():
             if self.seen.get(tp) != st:
                 continue  # new, or moving: give the records a check's time to be acknowledged on their own

@@ -157,3 +157,31 @@ def test_state_under_a_key_no_record_of_the_batch_carries_sets_that_record_aside
     emits, state, failed = run_step(w, recs)
     assert [(r.offset, "no record's key in this batch" in reason) for r, reason in failed] == [(1, True)]
     assert {key for _, key in state.writes} == {"h1"}  # what flush will write: the good record's state only
+
+
+async def test_a_batch_whose_outputs_the_broker_refuses_rolls_its_state_back_so_reading_it_again_acts_again(app,
+                                                                                                         emitter):
+    """A batch's state is written only after its outputs are acknowledged; when they are not (a producer error past
+    its retries), the records are read again (streams/runtime/delivery.py abandon), so the state they moved goes back
+    too: kept, it made the second reading of an XID stale and its fault was never sent."""
+    from faust.types import TP
+    from faust.types.tuples import Message
+
+    class Refusing(MemoryEmitter):
+        async def send(self, topic, key, value, headers=None):
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(RuntimeError("MessageSizeTooLargeError"))
+            return failed
+
+    lane = next(ln for ln in app.fleetpulse.lanes if ln.name == "telemetry")
+    known = host_sample(TS0 - 1, seq=0)[1]  # h1 is in the table before: the step is lent its stored state
+    await lane.batch([Message(SAMPLES_TOPIC, 3, 0, TS0, 0, None, b"h1", encode(known), None, tp=TP(SAMPLES_TOPIC, 3))])
+    record = encode(xid(LINE_79, TS0)[1])
+    message = Message(XID_TOPIC, 3, 0, TS0, 0, None, b"h1", record, None, tp=TP(XID_TOPIC, 3))
+    lane.emitter = Refusing()
+    with pytest.raises(RuntimeError, match="MessageSizeTooLarge"):
+        await lane.batch([message])
+    lane.emitter = emitter
+    await lane.batch([message])  # read again, as after the crash
+    faults = [orjson.loads(s.value) for s in emitter.to(PREFIX + "fleet.faults")]
+    assert [(f["host"], f["code"]) for f in faults] == [("h1", "xid:79")]

@@ -122,3 +122,56 @@ def test_the_worker_s_consumer_rewinds_uncommitted_partitions(tmp_path):
 
     create_app(streams_settings(None), stages=["power_thermal"], workdir=tmp_path)
     assert faust_kafka.Transport.Consumer is RewindingConsumer
+
+
+def test_a_crashed_batch_holds_its_partitions_commits_until_its_records_are_read_again(tmp_path):
+    """delivery.abandon: a lane's batch that raised leaves its records unacknowledged and untracked; the consumer
+    commits nothing past the first of them (faust alone commits past one at its committed offset, and past any on a
+    partition never committed, once later records are acknowledged) until they are read again and acknowledged."""
+    from faust.types.tuples import Message
+
+    from core.settings import load
+    from schemas.topics import SAMPLES
+    from streams.app import create_app
+    from streams.runtime.delivery import abandon, acknowledge
+    from streams.settings import StreamsSettings
+
+    app = create_app(load(StreamsSettings, kafka_bootstrap_servers="k1:9092", data_dir=tmp_path),
+                     stages=["power_thermal"])
+    consumer = app.consumer
+    assert isinstance(consumer, RewindingConsumer)
+    app.topics.acks_enabled_for = lambda topic: True  # the lanes' inputs once their streams subscribe (at start)
+
+    def fetched(partition: int, *offsets: int, refcount: int = 1) -> list[Message]:
+        out = [Message(SAMPLES.name, partition, o, 0.0, 0, None, b"h", b"{}", None, tp=TP(SAMPLES.name, partition))
+               for o in offsets]
+        for m in out:
+            m.refcount, m.tracked = refcount, True
+            consumer._unacked_messages.add(m)
+        return out
+
+    tp = TP(SAMPLES.name, 0)
+    consumer._committed_offset[tp] = 10
+    crashed = fetched(0, 10)
+    assert abandon(consumer, crashed) == {tp: 10}
+    assert not any(m in consumer._unacked_messages for m in crashed)  # a stop does not wait for them
+    acknowledge(consumer, fetched(0, 11, 12))  # the restarted lane goes on with later records
+    assert consumer._new_offset(tp) is None  # faust alone: 13, past offset 10
+    acknowledge(consumer, fetched(0, 10, 11, 12))  # read again from the held offset
+    assert consumer._new_offset(tp) == 13 and tp not in consumer.held
+
+    fresh = TP(SAMPLES.name, 1)  # nothing committed yet
+    abandon(consumer, fetched(1, 0, 1))
+    acknowledge(consumer, fetched(1, 2, 3))
+    assert consumer._new_offset(fresh) is None  # faust alone: 4
+    consumer._committed_offset[fresh] = 5  # another member read and committed them meanwhile: the hold is moot
+    consumer._new_offset(fresh)
+    assert fresh not in consumer.held
+
+    shared = TP(SAMPLES.name, 2)  # a record two lanes read: one crashed on it, the other finishes it later
+    both = fetched(2, 0, refcount=2)
+    abandon(consumer, both)
+    assert both[0] in consumer._unacked_messages  # the other lane still holds it
+    acknowledge(consumer, both)
+    assert both[0] not in consumer._unacked_messages and not both[0].acked  # untracked, never acknowledged
+    assert consumer._new_offset(shared) is None and 0 not in consumer._acked_index[shared]
