@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,10 +33,17 @@ async def main(args) -> dict:
                        "FLEETPULSE_CLICKHOUSE_URL": f"chdb://{tmp / 'chdb'}", "FLEETPULSE_DATA_DIR": str(tmp / "d")})
     async with broker_for(tmp / "data", port=39093):
         report = await through_pipeline(args.per_topic, args.seed, tmp / "worker.log", timeout=args.timeout)
-    checks = {topic: {"tried": args.per_topic, **report["stats"][topic], **report["expected"][topic],
-                      "dead_letters_are_the_refused_records":
-                          report["dead_letters"][topic] == report["refused_at"][topic]}
-              for topic in report["stats"]}
+    checks = {}
+    for topic, stats in report["stats"].items():
+        expected, letters = report["expected"][topic], [tuple(x) for x in report["dead_letters"][topic]]
+        refused = [tuple(x) for x in report["refused_at"][topic]]
+        checks[topic] = {"tried": args.per_topic, "stored_rows": stats["rows"], "expected_rows": expected["rows"],
+                         "records": expected["records"], "dead_letters": stats["dead_letters"],
+                         "refused": expected["refused"], "dead_letters_are_the_refused_records": letters == refused}
+        if letters != refused:  # (partition, offset): refused without a dead letter, dead-lettered more than once
+            checks[topic]["refused_not_dead_lettered"] = sorted(set(refused) - set(letters))[:20]
+            checks[topic]["dead_lettered_not_refused"] = sorted(set(letters) - set(refused))[:20]
+            checks[topic]["dead_lettered_twice"] = sorted(p for p, n in Counter(letters).items() if n > 1)[:20]
     return {"per_topic": args.per_topic, "seed": args.seed, "seconds": report["seconds"], "topics": checks,
             "worker_exit": report["worker_exit"], "peak_rss_mb": report["peak_rss_mb"],
             "mutations": report["mutations"]}
