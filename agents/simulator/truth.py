@@ -158,10 +158,15 @@ def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str
     return tokens, spec.kind not in NOT_HARDWARE
 
 
+def power_limit_reduced(spec, fleet: Fleet) -> bool:
+    """A power cap 3 % or more under the board's default limit: what GpuPowerLimitReduced fires on (its scale 1.03,
+    streams/power_thermal/rules.py; agents may not import a stage)."""
+    return spec.cap_w * 1.03 <= fleet.device.power_limit_w
+
+
 def power_limit_seen(spec, fleet: Fleet, interval: float) -> bool:
-    """A power cap 3 % or more under the board's default limit (GpuPowerLimitReduced, streams/power_thermal/rules.py)
-    that a sample sees: it lasts a sample interval."""
-    return spec.cap_w * 1.03 <= fleet.device.power_limit_w and lasts(spec, interval)
+    """A reduced power limit that a sample sees: the cap lasts a sample interval."""
+    return power_limit_reduced(spec, fleet) and lasts(spec, interval)
 
 
 def straggler_outcome(spec) -> str:
@@ -267,7 +272,7 @@ def allowed_tokens(spec, fleet: Fleet, ranked: bool, interval: float = 10.0) -> 
     than a sample interval."""
     if spec.kind == "slow_rank" and ranked and straggler_outcome(spec) == "either":
         return ["straggler"]
-    if spec.kind == "power_cap" and spec.cap_w * 1.03 <= fleet.device.power_limit_w and not lasts(spec, interval):
+    if spec.kind == "power_cap" and power_limit_reduced(spec, fleet) and not lasts(spec, interval):
         return [POWER_LIMIT_REDUCED]  # shorter than a sample interval: seen if a sample falls inside it
     if spec.kind in SLOWS_RANK and ranked and lasts(spec, STRAGGLER_TRANSIENT_S) and not lasts(spec, STRAGGLER_MIN_S):
         return ["straggler"]

@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import orjson
 
 from agents.simulator.runner import FleetSimulator
+from agents.simulator.truth import POWER_LIMIT_REDUCED
 from fleetpulse.evaluate import straggler_sweep
 from schemas.codec import encode
 from schemas.topics import AGENT, ALERTS, DRAIN, HOST_EVENTS, NET, SAMPLES, XID
@@ -72,10 +73,10 @@ class Cell:
 
 
 def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 10.0, seed: int = 1,
-             outcome: str | None = None) -> Cell:
+             outcome: str | Callable[[list[dict]], str] | None = None) -> Cell:
     """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage, judged by truth's tokens: a
     drain expected, allowed (a band where timing decides: "either") or neither; `outcome`: what the cell must show
-    instead where the family says it (an episode's alert)."""
+    instead where the family says it (an episode's alert; a function of the truth records where truth decides)."""
     scenario = {"name": "sweep", "fleet": {"hosts": hosts}, "faults": [fault]}
     sim = FleetSimulator(seed=seed, scenario=scenario, start_ts=T0, interval=interval_s, nccl_interval=0)
     truth: list[dict] = []
@@ -98,6 +99,8 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
     fired = Counter(a["alertname"] for a in firing if (a.get("labels") or {}).get("incident"))
     conditions = tuple(sorted(fired))
     params = {k: v for k, v in fault.items() if k not in ("host", "gpu")}
+    if callable(outcome):
+        outcome = outcome(truth)
     expected = outcome or ("drain" if any("drain" in t["expected"] for t in truth) else
                            "either" if any("drain" in t["allowed"] for t in truth) else "alert")
     target = sim.fleet.hosts[fault["host"]] if isinstance(fault.get("host"), int) else fault.get("host")
@@ -123,16 +126,24 @@ def episode(kind: str, duration_s: float) -> dict:
     return {"kind": kind, "at": 60, "duration": duration_s, "host": 0, "gpu": 3, **extra}
 
 
-def episode_outcome(kind: str, duration_s: float, interval_s: float) -> str:
+def episode_outcome(kind: str, duration_s: float, interval_s: float) -> str | Callable[[list[dict]], str]:
     """A runaway alerts once when two samples see it past the 89 C slowdown limit (GpuTempSlowdown's 15 s dwell; the
     15 s ramp and 10 s samples make that 35 s or more, give or take a sample); shorter is transient by design: it
-    raises nothing. A power cap alerts once when a sample sees the enforced limit under the board's default
-    (GpuPowerLimitReduced, no dwell); GpuSwPowerCap joins it inside the same incident after 300 s."""
+    raises nothing. A power cap: what truth says (power_cap_outcome)."""
     if kind == "power_cap":
-        return "alert once" if duration_s >= interval_s else "alert once or nothing"
+        return power_cap_outcome
     if abs(duration_s - 35.0) <= interval_s:
         return "alert once or nothing"
     return "alert once" if duration_s > 35.0 else "nothing"
+
+
+def power_cap_outcome(truth: list[dict]) -> str:
+    """A power cap alerts once when truth expects GpuPowerLimitReduced (a sample sees the enforced limit under the
+    board's default; no dwell; GpuSwPowerCap joins it inside the same incident after 300 s), may when truth allows it
+    (a cap shorter than a sample), else raises nothing."""
+    if any(POWER_LIMIT_REDUCED in t["expected"] for t in truth):
+        return "alert once"
+    return "alert once or nothing" if any(POWER_LIMIT_REDUCED in t["allowed"] for t in truth) else "nothing"
 
 
 def episodes(durations=EPISODE_DURATIONS, interval_s: float = 10.0) -> list[Cell]:
