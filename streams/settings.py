@@ -42,9 +42,6 @@ class StreamsSettings(CommonSettings):
     streams_direct_lanes: bool = Field(default=True, description="lanes take their records from the fetch loop in "
                                        "batches (streams/runtime/inbox.py), not one faust event at a time through "
                                        "a stream; needs streams_eager_delivery. false: through faust's streams")
-    streams_max_crashes: int = Field(default=5, ge=1, description="a stage whose lane crashes this many times within "
-                                     "streams_crash_window_s stops the worker (exit 1) instead of looping half-alive")
-    streams_crash_window_s: float = Field(default=300.0, gt=0)
     # Rule parameters, one JSON object each (FLEETPULSE_LIFECYCLE='{"min_dwell_s": 300}'); unset = the defaults
     # documented on each model. Unknown keys fail at start-up with the key named.
     fault_bins: FaultBinConfig = Field(default_factory=FaultBinConfig, description="fault-bin rule parameters")

@@ -203,11 +203,11 @@ def acknowledge(consumer, messages) -> None:
 
 def abandon(consumer, messages) -> dict:
     """The records of a lane's batch that raised: never acknowledged, so never committed, and no longer waited for
-    (faust's stop waits until every tracked record is acknowledged, and these never will be: a worker giving up after
-    its lane's crashes hung there). A record another lane still holds is untracked when that lane is done with it
-    (acknowledge). The consumer holds its commits below the first of them per partition until they are read again
-    and acknowledged (streams/runtime/offsets.py): faust alone would commit past one at its committed offset, or any
-    on a partition never committed, once later records are acknowledged. Returns that first offset per partition."""
+    (faust's stop waits until every tracked record is acknowledged, and these never will be: a worker stopping after
+    its lane crashed hung there). A record another lane still holds is untracked when that lane is done with it
+    (acknowledge). The consumer commits nothing of a partition from the first of them on (streams/runtime/offsets.py):
+    faust alone would commit past one at its committed offset, or any on a partition never committed, once later
+    records of it are acknowledged (by another lane). Returns that first offset per partition."""
     unacked, first = consumer._unacked_messages, {}
     abandoned = getattr(consumer, "abandoned", None)
     with ack_lock:

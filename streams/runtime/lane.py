@@ -72,6 +72,8 @@ def input_decoder(i: Input) -> Callable[[bytes | None, bytes | None], Any]:
 class Lane:
     """The batch loop of one lane; `target_name` resolves where an Emit goes on this cluster."""
 
+    failed: BaseException | None = None  # what crashed the lane: it takes no more records
+
     def __init__(self, name: str, stages: Sequence[Wired], *, prefix: str, app_id: str, emitter: Emitter,
                  metrics: MetricsRegistry, batch_max: int, within_s: float, counted: set[str] | None = None):
         self.name, self.stages, self.emitter, self.metrics = name, list(stages), emitter, metrics
@@ -117,8 +119,12 @@ class Lane:
 
     async def run(self, stream) -> None:
         """The lane's loop (the body of its faust agent). Should it raise (a producer error that outlived its retries, a
-        runtime bug), every stage of the lane counts the crash (metrics, /healthz) before faust restarts the loop; the
-        worker gives up, loudly, when one keeps crashing (streams/cli.py)."""
+        runtime bug), every stage of the lane counts the crash (metrics, /healthz) and the lane takes no more records:
+        the worker stops, loudly (streams/cli.py), and the next one reads the crashed batch again from the last commit,
+        in order. A lane restarted in the same process would go on with the records fetched after that batch, and the
+        stages would drop the batch as stale when it came round again."""
+        if self.failed is not None:  # faust restarted it: idle until the worker stops
+            await asyncio.Event().wait()
         loops = [asyncio.ensure_future(self._from_stream(stream))]
         if self.inbox is not None:
             loops.append(asyncio.ensure_future(self._from_inbox()))
@@ -129,9 +135,10 @@ class Lane:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            self.failed = exc
             for w in self.stages:
                 w.metrics.crashed(exc)
-            log.error("lane %s crashed (%d times so far): %r", self.name, self.stages[0].metrics.crashes, exc)
+            log.error("lane %s crashed: %r; it takes no more records", self.name, exc)
             raise
         finally:
             for task in loops:
@@ -166,15 +173,8 @@ class Lane:
             try:
                 async with self._one_batch:
                     await self.batch(messages)
-            except asyncio.CancelledError:
-                abandon(consumer, messages)
-                raise
-            except Exception:
-                for tp, offset in abandon(consumer, messages).items():  # read them again now
-                    try:
-                        await consumer.seek(tp, offset)
-                    except Exception as exc:  # noqa: BLE001 - no longer ours: its next owner reads from the commit
-                        log.warning("lane %s could not seek %s back to %d: %r", self.name, tp, offset, exc)
+            except BaseException:
+                abandon(consumer, messages)  # uncommitted: the next worker reads them again
                 raise
             acknowledge(consumer, messages)
 

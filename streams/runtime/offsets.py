@@ -52,7 +52,8 @@ class RewindingConsumerThread(faust_kafka.AIOKafkaConsumerThread):
 
 class RewindingConsumer(faust_kafka.Consumer):
     """faust's consumer whose seek back to committed offsets also rewinds partitions with nothing committed, and which
-    never commits past a record a lane's crashed batch left unprocessed (`held`, set by delivery.abandon)."""
+    never commits past a record a lane's crashed batch left unprocessed (`held`, set by delivery.abandon): the worker
+    stops after such a crash (streams/runtime/lane.py), and its last commit must leave that record to the next one."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -110,11 +111,9 @@ class GapWatch:
 
     async def check(self) -> None:
         consumer, acking = self.app.consumer, self.app.topics.acks_enabled_for
-        held = getattr(consumer, "held", {})
         stalls = {tp: st for tp in list(consumer.assignment()) if acking(tp.topic)  # streams' inputs, no changelog
                   if (st := stall(consumer._acked.get(tp), consumer._committed_offset.get(tp),
-                                  consumer._read_offset.get(tp), _end(consumer, tp))) is not None
-                  or (tp in held and (st := (held[tp], held[tp] + 1)))}  # a crashed batch's seek back that failed
+                                  consumer._read_offset.get(tp), _end(consumer, tp))) is not None}
         for tp, st in stalls.items():
             if self.seen.get(tp) != st:
                 continue  # new, or moving: give the records a check's time to be acknowledged on their own
