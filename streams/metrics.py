@@ -23,7 +23,7 @@ class StageMetrics:
     latency_sum_s: float = 0.0
     latency_max_s: float = 0.0
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
-    crashes: int = 0  # times its lane's loop raised (faust restarts it on the same records)
+    crashes: int = 0  # times its lane's loop raised (once: the lane then takes no more records, the worker stops)
     crash_times: list[float] = field(default_factory=list)  # monotonic, the most recent few
     last_error: str = ""
 

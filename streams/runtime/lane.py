@@ -123,8 +123,8 @@ class Lane:
         the worker stops, loudly (streams/cli.py), and the next one reads the crashed batch again from the last commit,
         in order. A lane restarted in the same process would go on with the records fetched after that batch, and the
         stages would drop the batch as stale when it came round again."""
-        if self.failed is not None:  # faust restarted it: idle until the worker stops
-            await asyncio.Event().wait()
+        if self.failed is not None:  # faust restarted it: the worker is stopping
+            await self._let_go()
         loops = [asyncio.ensure_future(self._from_stream(stream))]
         if self.inbox is not None:
             loops.append(asyncio.ensure_future(self._from_inbox()))
@@ -145,10 +145,28 @@ class Lane:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)  # a cancelled batch abandons its records first
 
+    async def _let_go(self) -> None:
+        """A crashed lane, restarted: it takes nothing more, and hands back what the fetch loop still puts in its inbox
+        until the worker stops (within a second), so the fetch loop never waits on it and a record another lane reads
+        too is not waited for."""
+        if self.inbox is None:
+            await asyncio.Event().wait()
+        while True:
+            abandon(self.app.consumer, await self.inbox.take(self.batch_max, self.within_s))
+
     async def _from_stream(self, stream) -> None:
         async for events in stream.take_events(self.batch_max, within=self.within_s):
-            async with self._one_batch:
-                await self.batch([e.message for e in events])  # faust acknowledges the events after this
+            messages = [e.message for e in events]
+            try:
+                async with self._one_batch:
+                    await self.batch(messages)  # faust acknowledges the events after this
+            except BaseException:
+                consumer = getattr(getattr(stream, "app", None), "consumer", None)
+                if consumer is not None:
+                    abandon(consumer, messages)
+                for m in messages:
+                    m.acked = True  # faust acknowledges them on its way out: that must not count them done
+                raise
 
     async def _from_inbox(self) -> None:
         """Batches from the inbox; each record tracked as faust's streams track theirs (a rebalance waits until it is

@@ -185,3 +185,27 @@ async def test_a_batch_whose_outputs_the_broker_refuses_rolls_its_state_back_so_
     await lane.batch([message])  # read again, as after the crash
     faults = [orjson.loads(s.value) for s in emitter.to(PREFIX + "fleet.faults")]
     assert [(f["host"], f["code"]) for f in faults] == [("h1", "xid:79")]
+
+
+async def test_a_crashed_lane_restarted_by_faust_takes_nothing_and_lets_go_of_what_it_is_handed(app):
+    """Until its worker stops, a crashed lane hands back what the fetch loop still puts in its inbox: never processed,
+    never acknowledged, its partition's commits held below it, and not waited for (a record another lane reads too
+    would otherwise keep the stop and any rebalance waiting, and a full inbox would block the fetch loop)."""
+    from faust.types import TP
+    from faust.types.tuples import Message
+
+    lane = next(ln for ln in app.fleetpulse.lanes if ln.name == "telemetry")
+    lane.take_direct(app, 100)
+    lane.failed = RuntimeError("MessageSizeTooLargeError")
+    consumer, tp = app.consumer, TP(XID_TOPIC, 3)
+    later = [Message(XID_TOPIC, 3, o, TS0, 0, None, b"h1", encode(xid(LINE_79, TS0 + o)[1]), None, tp=tp)
+             for o in (7, 8)]
+    for m in later:
+        m.refcount = 1
+        lane.inbox.put(m)
+    running = asyncio.ensure_future(lane.run(None))
+    await until(lambda: len(lane.inbox) == 0)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert consumer.held[tp] == 7 and not any(m.acked for m in later)
+    assert metrics_of(app)["fault_bins"].received == 0  # taken by no stage

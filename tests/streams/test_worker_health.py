@@ -1,4 +1,5 @@
-"""A stage whose lane keeps crashing is seen: counted, /healthz fails naming it, and the worker gives up loudly."""
+"""A stage whose lane crashes is seen: counted, /healthz fails naming it, and the worker stops loudly with what the lane
+had not finished left for the next one."""
 
 from __future__ import annotations
 
