@@ -5,7 +5,8 @@
 
 --stages all runs the whole worker on a simulated fleet (samples, XID, NCCL) and reports records/s per input
 topic from the group's first commit until its lag is 0, beside the raw consume+decode ceiling of those topics;
---baseline runs another checkout's worker (`git archive <commit> | tar -x -C /tmp/before`) interleaved with it.
+--baseline runs another checkout's worker (`git archive <commit> | tar -x -C /tmp/before`) interleaved with it;
+--workers N runs N telemetry worker processes in the one consumer group (scale-out: a share of the partitions each).
 
 Uses KAFKA_BOOTSTRAP_SERVERS when set, else starts the project's local broker in a temporary directory.
 Every stage reads the same simulated samples under one fresh topic prefix; figures are medians over
@@ -102,33 +103,50 @@ def worker_topics(settings: CommonSettings, stages: str) -> dict[str, int]:
 
 
 async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, int], *, stages: str = "power_thermal",
-                        cwd: Path | None = None, profile: Path | None = None, commit_interval_s: float = 0.5) -> dict:
+                        cwd: Path | None = None, profile: Path | None = None, commit_interval_s: float = 0.5,
+                        workers: int = 1) -> dict:
     """Run `fleetpulse streams` (from `cwd`'s tree when given) until its group has committed every input record.
 
     Per topic: records left at the group's first commit / seconds from then until the topic's lag is 0. Progress is
     seen only when the worker commits, so the worker commits every `commit_interval_s` (both trees read the same
     setting): at faust's 2.8 s the last commit came up to 2.8 s after the work was done, a large share of a worker
     run of ~10 s and a small one of the baseline's ~60 s.
+
+    `workers` > 1: as many telemetry worker processes in the one consumer group (the first also starts the decisions
+    worker, as `fleetpulse streams` does), each taking a share of the partitions; timed from the first commit after
+    every one of them is a member of the settled group, so the first one's head start and the rebalances as the others
+    join are left out. CPU is the telemetry processes' together.
     """
     from streams.app import app_id
 
-    cmd = [sys.executable, "-m", "fleetpulse.cli", "streams"]
-    if profile is not None:
-        cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-o", str(profile), "--format", "speedscope",
-               "--rate", "50", "--", *cmd]
     env = {**env, "FLEETPULSE_STAGES": "" if stages == "all" else stages,
            "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": str(commit_interval_s)}
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = []
+    for k in range(workers):
+        cmd = [sys.executable, "-m", "fleetpulse.cli", "streams"]
+        if k:  # one decisions worker is enough; each process a faust data directory of its own
+            cmd += ["--worker", "telemetry", "--workdir", str(Path(env["FLEETPULSE_DATA_DIR"]) / f"streams-{k}")]
+        if profile is not None:
+            cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-o",
+                   str(profile.with_suffix(f".w{k}.json") if k else profile), "--format", "speedscope", "--rate", "50",
+                   "--", *cmd]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def cpu() -> float:  # the telemetry workers' own processes (with py-spy: py-spy's)
+        return sum(cpu_seconds(p.pid) for p in procs)
+
     watch = OffsetWatch(settings.kafka_client_args(), topics)
     await watch.start()
     group = app_id(settings.topic_prefix)
     ends = per_topic(await watch.end_offsets())
-    left, first, caught = dict(ends), None, {}
+    left, first, caught, settled = dict(ends), None, {}, workers == 1
     started = time.perf_counter()
     try:
         while True:
             try:
                 committed = await watch.admin.list_consumer_group_offsets(group)
+                if not settled:
+                    settled = await _settled(watch.admin, group, workers)
             except KafkaError:
                 committed = {}
             now = time.perf_counter()
@@ -136,18 +154,23 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
             for tp, meta in committed.items():
                 if tp.topic in left and meta.offset > 0:
                     left[tp.topic] -= meta.offset
-            if first is None and sum(left.values()) < sum(ends.values()):
-                first = (now, dict(left), cpu_seconds(proc.pid))
+            if first is None and settled and sum(left.values()) < sum(ends.values()):
+                first = (now, dict(left), cpu())
             caught.update((t, now) for t, n in left.items() if n == 0 and t not in caught)
-            if len(caught) == len(ends):
-                cpu = cpu_seconds(proc.pid) - first[2]  # the telemetry worker's own process (with py-spy: py-spy's)
-            if len(caught) == len(ends) or now - started > 900 or proc.poll() is not None:
+            if len(caught) == len(ends) and first is not None:
+                used = cpu() - first[2]
+            if (len(caught) == len(ends) or now - started > 900 or any(p.poll() is not None for p in procs)):
                 break
             await asyncio.sleep(0.2)
     finally:
         await watch.close()
-        proc.send_signal(signal.SIGINT if profile is not None else signal.SIGTERM)
-        proc.wait(60)
+        for proc in procs:
+            proc.send_signal(signal.SIGINT if profile is not None else signal.SIGTERM)
+        for proc in procs:
+            proc.wait(60)
+    if first is None:
+        return {"error": f"the group never had {workers} members before the worker caught up: fewer records than "
+                         "one process needs to settle (more --ticks)"}
     if len(caught) < len(ends):
         return {"error": f"worker still {left} behind after {time.perf_counter() - started:.0f} s"}
     rates = {}
@@ -156,7 +179,13 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
         rates[name] = {"records": ends[topic], "after_first_commit": n,
                        "per_s": round(n / max(caught[topic] - first[0], 1e-9)) if n else None}
     return {"startup_s": round(first[0] - started, 2), "seconds": round(max(caught.values()) - first[0], 2),
-            "cpu_s": round(cpu, 2), "topics": rates}
+            "cpu_s": round(used, 2), "workers": workers, "topics": rates}
+
+
+async def _settled(admin, group: str, members: int) -> bool:
+    """The group is Stable with `members` members (every worker process has joined and taken its partitions)."""
+    [response] = await admin.describe_consumer_groups([group])
+    return any(g[2] == "Stable" and len(g[5]) == members for g in response.groups)  # (err, id, state, _, _, members)
 
 
 async def sink(settings: CommonSettings, expected_rows: int, json_intake: bool, run: str) -> dict:
@@ -289,7 +318,8 @@ async def worker_runs(args, tmp: Path) -> dict:
             ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * cpu_s / report.sent[SAMPLES.name]
             profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
             run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
-                                      cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval)
+                                      cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval,
+                                      workers=args.workers)
             if "cpu_s" in run:  # CPU per host sample with its share of NCCL: robust to what the machine gave the run
                 samples = run["topics"][SAMPLES.name]["after_first_commit"]
                 run["cpu_us_per_sample"] = round(1e6 * run["cpu_s"] / samples, 1)
@@ -305,6 +335,7 @@ async def worker_runs(args, tmp: Path) -> dict:
 
     out = {"data": {"hosts": args.hosts, "ticks": args.ticks, "nccl_interval": args.nccl_interval,
                     "sent": report.sent, "nccl_timings": report.nccl_timings, "stages": args.stages,
+                    "workers": args.workers,
                     "units": "samples/s; NCCL: rank timings/s",
                     "baseline_nccl": baseline_nccl(args) if args.baseline is not None else None}}
     for name, rs in runs.items():
@@ -400,6 +431,8 @@ if __name__ == "__main__":
                         "many: a tree that reads steps, fed them, looks half as fast)")
     p.add_argument("--commit-interval", type=float, default=0.5,
                    help="the worker's offset commit interval, seconds (progress is seen at commits; faust's is 2.8)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="telemetry worker processes in the one group, each taking a share of the partitions")
     p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at PATH.<tree>.<k>.json")
     p.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     a = p.parse_args()
