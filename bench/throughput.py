@@ -139,22 +139,23 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
     await watch.start()
     group = app_id(settings.topic_prefix)
     ends = per_topic(await watch.end_offsets())
-    left, first, caught, settled = dict(ends), None, {}, workers == 1
+    left, first, caught, settled = dict(ends), None, {}, None  # settled: what was left when the group settled
     started = time.perf_counter()
     try:
         while True:
             try:
                 committed = await watch.admin.list_consumer_group_offsets(group)
-                if not settled:
-                    settled = await _settled(watch.admin, group, workers)
+                stable = workers == 1 or await _settled(watch.admin, group, workers)
             except KafkaError:
-                committed = {}
+                committed, stable = {}, False
             now = time.perf_counter()
             left = dict(ends)
             for tp, meta in committed.items():
                 if tp.topic in left and meta.offset > 0:
                     left[tp.topic] -= meta.offset
-            if first is None and settled and sum(left.values()) < sum(ends.values()):
+            if settled is None and stable:
+                settled = sum(ends.values()) if workers == 1 else sum(left.values())
+            if first is None and settled is not None and sum(left.values()) < settled:  # a commit after it settled
                 first = (now, dict(left), cpu())
             caught.update((t, now) for t, n in left.items() if n == 0 and t not in caught)
             if len(caught) == len(ends) and first is not None:
@@ -168,6 +169,9 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
             proc.send_signal(signal.SIGINT if profile is not None else signal.SIGTERM)
         for proc in procs:
             proc.wait(60)
+    exits = [p.returncode for p in procs if p.returncode not in (None, 0, -signal.SIGTERM, -signal.SIGINT)]
+    if exits:
+        return {"error": f"worker processes exited with {exits} (run `fleetpulse streams` by hand to see why)"}
     if first is None:
         return {"error": f"the group never had {workers} members before the worker caught up: fewer records than "
                          "one process needs to settle (more --ticks)"}
@@ -320,7 +324,8 @@ async def worker_runs(args, tmp: Path) -> dict:
             run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
                                       cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval,
                                       workers=args.workers)
-            if "cpu_s" in run:  # CPU per host sample with its share of NCCL: robust to what the machine gave the run
+            # CPU per host sample with its share of NCCL: robust to what the machine gave the run
+            if "cpu_s" in run and run["topics"][SAMPLES.name]["after_first_commit"]:
                 samples = run["topics"][SAMPLES.name]["after_first_commit"]
                 run["cpu_us_per_sample"] = round(1e6 * run["cpu_s"] / samples, 1)
             for topic, rate in run.get("topics", {}).items():
@@ -433,8 +438,11 @@ if __name__ == "__main__":
                    help="the worker's offset commit interval, seconds (progress is seen at commits; faust's is 2.8)")
     p.add_argument("--workers", type=int, default=1,
                    help="telemetry worker processes in the one group, each taking a share of the partitions")
-    p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at PATH.<tree>.<k>.json")
+    p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at "
+                   "PATH.<tree>.<k>.json (with --workers: PATH.<tree>.<k>.w<n>.json for the n-th extra process)")
     p.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     a = p.parse_args()
+    if a.workers < 1:
+        p.error("--workers must be at least 1")
     quiet_transient_client_logs()
     save(asyncio.run(main(a)), a.out)

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from schemas.topics import INTERNAL
 from streams.app import app_id, create_app, metrics_of, stage_lag
 from streams.metrics_server import serve
 from streams.registry import STAGES, WORKERS, select, workers
+from streams.runtime.recovery import recovery_stall
 from streams.settings import streams_settings
 
 log = logging.getLogger("fleetpulse.streams")
@@ -158,6 +160,37 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
                              "finished again", name, m.last_error)
                 os.kill(os.getpid(), signal.SIGTERM)
 
+    rebalanced_at = [0.0]
+
+    @app.on_partitions_revoked.connect
+    async def _revoked(sender, *args, **kwargs) -> None:
+        rebalanced_at[0] = time.monotonic()  # the group regroups: no record comes meanwhile
+
+    @app.on_partitions_assigned.connect
+    async def _assigned(sender, *args, **kwargs) -> None:
+        rebalanced_at[0] = time.monotonic()
+
+    async def _watch_recovery() -> None:
+        """A task of its own, not an app timer: faust starts its timers only after the first recovery, which a
+        restarted worker's is."""
+        limit = settings.streams_recovery_stall_s
+        while not gave_up:
+            await asyncio.sleep(5.0)
+            try:
+                stall = recovery_stall(app, time.monotonic(), limit, rebalanced_at[0])
+            except Exception as exc:  # noqa: BLE001 - a faust without this bookkeeping: say so once, watch no more
+                log.warning("table recovery watchdog off: %r", exc)
+                return
+            if stall is not None and not gave_up:
+                gave_up.append("recovery")
+                log.critical("table recovery received no changelog record for %.0fs with %d left to read "
+                             "(FLEETPULSE_STREAMS_RECOVERY_STALL_S=%g): stopping the worker; the next one recovers "
+                             "afresh", *stall, limit)
+                deadline = threading.Timer(60.0, os._exit, (1,))  # should the stop itself hang on the stuck consumer
+                deadline.daemon = True
+                deadline.start()
+                os.kill(os.getpid(), signal.SIGTERM)
+
     @app.timer(1.0)
     async def _watch_children() -> None:
         for child in children:
@@ -186,6 +219,7 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
                           redirect_stdouts=False, override_logging=not logging.getLogger().handlers)
     if not sys.stdout.isatty():
         worker.spinner = None  # its terminal escape codes would only litter captured logs
+    app.recovery_watchdog = loop.create_task(_watch_recovery())  # runs once the worker runs the loop
     try:
         worker.execute_from_commandline()  # installs SIGINT/SIGTERM handlers: stop, commit, close the loop
     except SystemExit as exc:

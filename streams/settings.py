@@ -32,6 +32,11 @@ class StreamsSettings(CommonSettings):
     streams_session_timeout_s: float = Field(default=15.0, ge=6, le=300, description="how soon the consumer group "
                                              "drops a worker that died without leaving, so its restart (or another "
                                              "worker) takes its partitions over; above any batch's processing time")
+    streams_recovery_stall_s: float = Field(default=180.0, ge=5, le=3600, description="a table recovery that has "
+                                            "records left and has received none for this long stops the worker "
+                                            "(exit 1) so its restart recovers afresh (streams/runtime/recovery.py); "
+                                            "above faust's 90 s broker request timeout, which each of recovery's "
+                                            "offset reads may take")
     streams_gc_young: int = Field(default=50_000, ge=0, description="allocations between the cyclic garbage "
                                   "collector's young collections (Python's 700 makes it walk the stages' state "
                                   "thousands of times a second: 2-3x the CPU per sample); 0 keeps Python's")

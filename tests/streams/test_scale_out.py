@@ -12,7 +12,6 @@ fired twice.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from schemas.provision import ensure_topics
 from schemas.topics import ALERTS, FAULTS, HEALTH, SAMPLES, XID, Topic
 from streams import registry
 from streams.app import app_id, group_id
-from tests.conftest import REPO
+from tests.conftest import REPO, free_ports
 from tests.streams.helpers import gpu, sample
 from tests.streams.test_worker_integration import PHASE1, PHASE2, produce, read_all, stop_worker, wait_for
 
@@ -40,44 +39,62 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HOSTS = [f"h{h:02d}" for h in range(24)]  # every host's GPU 5 runs away: both workers hold some of them
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(name: str, tmp: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2",
-           "FLEETPULSE_STREAMS_SESSION_TIMEOUT_S": "6", "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": "0.5",
+           "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": "0.5", "FLEETPULSE_STREAMS_RECOVERY_STALL_S": "20",
            "FLEETPULSE_STREAMS_METRICS_PORT": str(port), "FLEETPULSE_STREAMS_METRICS_ADDR": "127.0.0.1"}
     return subprocess.Popen([sys.executable, "-m", "streams.cli", "--worker", "telemetry", "--workdir",
                              str(tmp / name)], cwd=REPO, env=env, stdout=(tmp / f"{name}.log").open("ab"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def received(port: int) -> dict[str, float]:
-    """A worker's `received` counter per stage, from its /metrics."""
+def counter(port: int, name: str) -> dict[str, float]:
+    """A worker's counter `name` per stage, from its /metrics."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {s.labels["stage"]: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == "fleetpulse_stage_received_total"}
+            for s in family.samples if s.name == f"fleetpulse_stage_{name}_total"}
 
 
-async def records_on(bootstrap: str, topics: set[str]) -> dict[str, int]:
-    """Records on each topic (end offsets: an idempotent producer without transactions writes no markers)."""
+class Logs:
+    """Both workers' logs, for wait_for's failure message."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+
+    def read_text(self) -> str:
+        return "".join(f"--- {name}.log:\n{(self.tmp / f'{name}.log').read_text()[-3000:]}\n" for name in "ab")
+
+
+async def caught_up(bootstrap: str, group: str, topics: set[str]) -> bool:
+    """The group has committed every record on `topics`."""
+    ends = await records_per_partition(bootstrap, topics)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return all(committed.get(tp) is not None and committed[tp].offset >= end for tp, end in ends.items() if end)
+
+
+async def records_per_partition(bootstrap: str, topics: set[str]) -> dict[TopicPartition, int]:
+    """End offsets of every partition of `topics`: the records on it (an idempotent producer without transactions
+    writes no markers)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        out = {}
-        for topic in topics:
-            parts = consumer.partitions_for_topic(topic) or set()
-            if not parts:
-                await consumer._client.force_metadata_update()  # noqa: SLF001 - a topic made after start
-                parts = consumer.partitions_for_topic(topic) or set()
-            ends = await consumer.end_offsets([TopicPartition(topic, p) for p in parts])
-            out[topic] = sum(ends.values())
-        return out
+        await consumer._client.force_metadata_update()  # noqa: SLF001 - internal topics made after the test began
+        tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+        return await consumer.end_offsets(tps)
     finally:
         await consumer.stop()
+
+
+async def records_on(bootstrap: str, topics: set[str]) -> dict[str, int]:
+    out = dict.fromkeys(topics, 0)
+    for tp, end in (await records_per_partition(bootstrap, topics)).items():
+        out[tp.topic] += end
+    return out
 
 
 def expected_received(prefix: str, on: dict[str, int]) -> dict[str, int]:
@@ -124,9 +141,15 @@ async def test_two_workers_share_the_partitions_and_hand_them_over(settings_env,
     bootstrap = settings_env["FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS"]
     await ensure_topics({"bootstrap_servers": bootstrap}, topic_prefix)
     group, t0 = group_id(topic_prefix, "telemetry"), time.time() - 3600
-    ports = {"a": free_port(), "b": free_port()}
+    base = free_ports(2)
+    ports = {"a": base, "b": base + 1}
     workers = {name: start(name, tmp_path, port) for name, port in ports.items()}
-    log = tmp_path / "a.log"
+    log = Logs(tmp_path)
+    inputs = {full(i.topic, topic_prefix) for stage in registry.select(None) if stage.worker == "telemetry"
+              for step in stage.steps for i in step.inputs}
+
+    async def committed_all() -> bool:
+        return await caught_up(bootstrap, group, inputs)
     try:
         async def settled() -> bool:
             return await members(bootstrap, group) == 2
@@ -135,25 +158,6 @@ async def test_two_workers_share_the_partitions_and_hand_them_over(settings_env,
         # Phase 1: runaways fire, one XID per host.
         await produce(bootstrap, SAMPLES.full(topic_prefix), runaway(PHASE1, 0, t0))
         await produce(bootstrap, XID.full(topic_prefix), xids(t0 + 12, 3))
-        inputs = {full(i.topic, topic_prefix) for stage in registry.select(None) if stage.worker == "telemetry"
-                  for step in stage.steps for i in step.inputs}
-
-        last: list = []
-
-        async def counted() -> tuple | None:
-            want = expected_received(topic_prefix, await records_on(bootstrap, inputs))
-            got = {name: received(port) for name, port in ports.items()}
-            total = {stage: sum(g.get(stage, 0) for g in got.values()) for stage in want}
-            last[:] = [want, got]
-            return (want, got) if all(total[k] >= n for k, n in want.items()) and want["health"] > 0 else None
-        try:
-            want, got = await wait_for("every stage to receive every record, over both workers", counted, 90, log)
-        except AssertionError as exc:
-            raise AssertionError(f"records on each stage's inputs, then received per worker: {last}\n{exc}") from None
-        # Each took a share, not all: a record one of them fetched again (a seek to the committed offset just after
-        # an assignment) is received twice and skipped by the stages as a replay, so the shares may add up to a
-        # little more than the records; the outputs below say nothing was done twice.
-        assert all(0 < got[name][stage] < want[stage] for name in got for stage in want), (want, got)
 
         async def fired() -> list[Alert] | None:
             alerts = [Alert.model_validate_json(r.value) for r in await read_all(bootstrap, ALERTS.full(topic_prefix),
@@ -161,32 +165,58 @@ async def test_two_workers_share_the_partitions_and_hand_them_over(settings_env,
             ours = [a for a in alerts if a.alertname == "GpuTempSlowdown"]
             return ours if len(ours) >= len(HOSTS) else None
         await wait_for("a firing alert per runaway GPU", fired, 60, log)
+        await wait_for("the group to commit every input record", committed_all, 60, log)
+        want = expected_received(topic_prefix, await records_on(bootstrap, inputs))
+        got = {name: counter(port, "received") for name, port in ports.items()}
+        # Every record committed was received first; each worker took a share, not all. A record one of them fetched
+        # again (between faust resuming the flow and seeking to the committed offset after an assignment) is received
+        # twice and skipped by the stages as a replay, so the shares may add up to a little more than the records;
+        # the outputs below say nothing was done twice.
+        assert all(sum(g[stage] for g in got.values()) >= n for stage, n in want.items()), (want, got)
+        assert all(0 < got[name][stage] < want[stage] for name in got for stage in want), (want, got)
+        assert counter(ports["b"], "emitted")["power_thermal"] > 0  # b fired alerts: their state is b's to hand over
 
         # Phase 2: worker b leaves; a takes its partitions and their state; the runaways cool, a second XID per host.
         stop_worker(workers.pop("b"), tmp_path / "b.log")
+        restarts, since = 0, (tmp_path / "a.log").stat().st_size
+
+        def supervise() -> None:
+            """compose's `restart: on-failure` for a worker whose table recovery stalled: it stops (exit 1) and starts
+            again (streams/runtime/recovery.py; faust 0.15.3 now and then receives no changelog record on a handover).
+            A worker that stopped for any other reason fails the test."""
+            nonlocal restarts, since
+            if workers["a"].poll() is None:
+                return
+            text = (tmp_path / "a.log").read_bytes()[since:].decode(errors="replace")
+            assert workers["a"].returncode == 1 and "table recovery received no changelog record" in text, text[-3000:]
+            assert restarts < 2, "the table recovery stalled again after two restarts"
+            restarts, since = restarts + 1, (tmp_path / "a.log").stat().st_size
+            workers["a"] = start("a", tmp_path, ports["a"])
 
         async def alone() -> bool:
+            supervise()
             return await members(bootstrap, group) == 1
         await wait_for("worker a alone in the settled group", alone, 60, log)
         await produce(bootstrap, SAMPLES.full(topic_prefix), runaway(PHASE2, len(PHASE1), t0))
         await produce(bootstrap, XID.full(topic_prefix), xids(t0 + 70, 4))
 
         async def resolved() -> list[Alert] | None:
+            supervise()
             alerts = [Alert.model_validate_json(r.value) for r in await read_all(bootstrap, ALERTS.full(topic_prefix),
                                                                                  ALERTS.partitions)]
             ours = [a for a in alerts if a.alertname == "GpuTempSlowdown"]
             return ours if sum(a.status == "resolved" for a in ours) >= len(HOSTS) else None
-        await wait_for("a resolved alert per runaway GPU", resolved, 90, log)
+        await wait_for("a resolved alert per runaway GPU", resolved, 120, log)
 
-        async def faulted() -> list[dict] | None:
-            found = await xid_faults(bootstrap, topic_prefix)
-            return found if len(found) >= 2 * len(HOSTS) else None
-        await wait_for("a fault per XID", faulted, 60, log)
+        async def a_committed_all() -> bool:
+            supervise()
+            return await committed_all()
+        await wait_for("worker a to commit every input record", a_committed_all, 90, log)
     except BaseException:
-        for proc in workers.values():
-            stop_worker(proc, log, failing=True)
+        for name, proc in workers.items():
+            stop_worker(proc, tmp_path / f"{name}.log", failing=True)
         raise
-    stop_worker(workers.pop("a"), log)  # a clean stop flushes everything it produced
+    stop_worker(workers.pop("a"), tmp_path / "a.log")  # a clean stop flushes everything it produced
 
     alerts = [Alert.model_validate_json(r.value) for r in await read_all(bootstrap, ALERTS.full(topic_prefix),
                                                                          ALERTS.partitions)]
@@ -198,4 +228,5 @@ async def test_two_workers_share_the_partitions_and_hand_them_over(settings_env,
     rows = await read_all(bootstrap, HEALTH.full(topic_prefix), HEALTH.partitions)
     assert {orjson.loads(r.value)["host"] for r in rows} == set(HOSTS)
     assert not [k for k, n in Counter((r.key, r.value) for r in rows).items() if n > 1]  # no row published twice
-    print(f"\nphase 1 received per worker: {got}; expected per stage: {want}")
+    print(f"\nphase 1 received per worker: {got}; records on each stage's inputs: {want}; worker a restarted "
+          f"{restarts} times after b left")
