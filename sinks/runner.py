@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 
 from core.errors import DecodeError, StoreError
 from core.logs import LogBudget
@@ -168,11 +169,14 @@ class ClickHouseSink:
                 self.stats.tables[batch.table.name].stored_again += 1
 
     async def seek_past_watermarks(self, assigned) -> None:
-        """Resume after the highest offset already stored, even where Kafka's commit lags behind it; a partition that
-        ends at or below that offset was recreated and is read as new (reset_recreated)."""
+        """Resume after the highest offset already stored, even where Kafka's commit lags behind it (the batch a sink
+        stopped in is stored again at start, sinks/inflight.py), and commit that position: the rows are durable, and the
+        group's lag would otherwise count them as unread until new records pass them. A partition that ends at or below
+        that offset was recreated and is read as new (reset_recreated)."""
         marks = await self.db(store.watermarks, self.client)
         await self.reset_recreated(assigned, marks)
         self.stored = marks
+        behind: dict[TopicPartition, int] = {}
         for tp in assigned:
             stored = marks.get((tp.topic, tp.partition))
             if stored is None:
@@ -180,7 +184,13 @@ class ClickHouseSink:
             committed = await self.consumer.committed(tp)
             if committed is None or committed <= stored:
                 self.consumer.seek(tp, stored + 1)
+                behind[tp] = stored + 1
                 log.info("resuming %s[%d] at %d after stored rows", tp.topic, tp.partition, stored + 1)
+        if behind:
+            try:
+                await self.consumer.commit(behind)
+            except KafkaError as exc:  # the store's watermark decides where to resume; the commit only shows it
+                log.warning("could not commit the stored positions %s: %r", behind, exc)
 
     async def reset_recreated(self, assigned, marks: dict[tuple[str, int], int]) -> None:
         """A partition whose log ends at or below the highest offset stored from it is not the one those rows came

@@ -1,0 +1,119 @@
+"""The sink while the store refuses its inserts, on the real broker and the real ClickHouse engine: the engine's own
+TOO_MANY_PARTS (code 252, which waiting mends), brought on by lowering the table's `parts_to_throw_insert` to 1.
+
+Refused for a while, the sink retries with backoff (sinks/runner.py insert_with_retry) and, once the store takes
+inserts again, stores every record once. Refused past its retries, it stops with the error, having committed nothing it
+did not store, and the next sink stores the rest once. Not a server that stops answering (no ClickHouse server can run
+here; docs/cluster.md): the same retry path, entered by an engine error instead of a dropped connection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from core.errors import StoreError
+from core.settings import load
+from schemas.provision import ensure_topics
+from schemas.topics import XID
+from sinks import store
+from sinks.cli import run_sink
+from sinks.runner import ClickHouseSink
+from sinks.settings import SinkSettings
+
+pytestmark = pytest.mark.integration
+ROUND = 20  # XID lines per round
+RETRIES = 6  # backoff 0.2 s doubling: 12.6 s of refusals before a sink gives up
+
+
+async def send_xids(settings: SinkSettings, first: int, now: float) -> None:
+    await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
+    producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for n in range(first, first + ROUND):
+            host = f"h{n % 5}"
+            line = {"host": host, "ts": now + n, "code": 79, "gpu_index": n % 8, "message": "fallen off the bus"}
+            await producer.send(XID.full(settings.topic_prefix), orjson.dumps(line), key=host.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def stored(settings: SinkSettings) -> tuple[int, int]:
+    """Rows of xid_events, and the distinct records (partition, offset) among them."""
+    [row] = store.connect(settings).query(
+        "SELECT count(), uniqExact(kafka_partition, kafka_offset) FROM xid_events").result_rows
+    return row
+
+
+def refuse(settings: SinkSettings, refusing: bool) -> None:
+    """The table refuses every insert while it holds a part (TOO_MANY_PARTS), or takes them again (the default)."""
+    value = 1 if refusing else 3000
+    store.connect(settings).command(f"ALTER TABLE xid_events MODIFY SETTING parts_to_throw_insert = {value}")
+
+
+async def until(what: str, condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def committed(settings: SinkSettings) -> int:
+    admin = AIOKafkaAdminClient(**settings.kafka_client_args())
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + settings.sink_group_id)
+    finally:
+        await admin.close()
+    return sum(meta.offset for tp, meta in offsets.items() if tp.topic == XID.full(settings.topic_prefix))
+
+
+async def test_a_store_that_refuses_inserts_loses_and_doubles_nothing(settings_env, caplog):
+    settings = load(SinkSettings, sink_tables=["xid_events"], sink_serve_queries=False, sink_batch_max_seconds=0.2,
+                    sink_insert_retries=RETRIES)
+    now = time.time() - 600
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_sink(ClickHouseSink(settings), stop))
+    with caplog.at_level(logging.WARNING, logger="fleetpulse.sink"):
+        await send_xids(settings, 0, now)
+        await until("the first round stored", lambda: stored(settings) == (ROUND, ROUND))
+
+        # Refused for a while, then taken: every record once.
+        refuse(settings, True)
+        await send_xids(settings, ROUND, now)
+        await until("a refused insert", lambda: any("retryable insert failure" in r.getMessage()
+                                                    for r in caplog.records))
+        assert stored(settings) == (ROUND, ROUND) and not task.done()
+        refuse(settings, False)
+        await until("the second round stored", lambda: stored(settings) == (2 * ROUND, 2 * ROUND))
+        retries = sum("retryable insert failure" in r.getMessage() for r in caplog.records)
+
+        # Refused past the retries: the sink stops with the error, commits nothing it did not store.
+        refuse(settings, True)
+        await send_xids(settings, 2 * ROUND, now)
+        with pytest.raises(StoreError, match="TOO_MANY_PARTS"):
+            await asyncio.wait_for(task, 60)
+    assert stored(settings) == (2 * ROUND, 2 * ROUND)
+    assert await committed(settings) <= 2 * ROUND
+
+    # The next sink, on a store that takes inserts again, stores the rest once.
+    refuse(settings, False)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_sink(ClickHouseSink(settings), stop))
+    await until("the third round stored", lambda: stored(settings) == (3 * ROUND, 3 * ROUND) or task.done())
+    deadline = time.monotonic() + 30  # stored again from the failed batch's record (sinks/inflight.py), then read,
+    while await committed(settings) < 3 * ROUND and not task.done():  # skipped as stored, and committed
+        assert time.monotonic() < deadline, f"committed {await committed(settings)} of {3 * ROUND}"
+        await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert stored(settings) == (3 * ROUND, 3 * ROUND)
+    assert await committed(settings) == 3 * ROUND
+    print(f"\n{retries} retried inserts before the store took them again; {RETRIES + 1} tries before giving up")
