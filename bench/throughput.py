@@ -35,7 +35,7 @@ from aiokafka.errors import KafkaError
 from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator, simulate
 from schemas.provision import ensure_topics
-from fleetpulse.lag import OffsetWatch, per_topic
+from fleetpulse.lag import OffsetWatch, per_topic, stable_members
 from core.logs import quiet_transient_client_logs
 from fleetpulse.broker import broker_for
 from core.settings import CommonSettings
@@ -145,7 +145,7 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
         while True:
             try:
                 committed = await watch.admin.list_consumer_group_offsets(group)
-                stable = workers == 1 or await _settled(watch.admin, group, workers)
+                stable = workers == 1 or settled is not None or await stable_members(watch.admin, group) == workers
             except KafkaError:
                 committed, stable = {}, False
             now = time.perf_counter()
@@ -185,11 +185,6 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
     return {"startup_s": round(first[0] - started, 2), "seconds": round(max(caught.values()) - first[0], 2),
             "cpu_s": round(used, 2), "workers": workers, "topics": rates}
 
-
-async def _settled(admin, group: str, members: int) -> bool:
-    """The group is Stable with `members` members (every worker process has joined and taken its partitions)."""
-    [response] = await admin.describe_consumer_groups([group])
-    return any(g[2] == "Stable" and len(g[5]) == members for g in response.groups)  # (err, id, state, _, _, members)
 
 
 async def sink(settings: CommonSettings, expected_rows: int, json_intake: bool, run: str) -> dict:

@@ -61,3 +61,10 @@ def per_topic(offsets: dict[TopicPartition, int]) -> dict[str, int]:
     for tp, end in offsets.items():
         out[tp.topic] = out.get(tp.topic, 0) + end
     return out
+
+
+async def stable_members(admin: AIOKafkaAdminClient, group: str) -> int:
+    """Members of `group` while it is Stable (0 while it rebalances or has none): every member has joined and taken
+    its partitions."""
+    [response] = await admin.describe_consumer_groups([group])
+    return sum(len(g[5]) for g in response.groups if g[2] == "Stable")  # (error, id, state, _, _, members)

@@ -162,13 +162,11 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
 
     rebalanced_at = [0.0]
 
-    @app.on_partitions_revoked.connect
-    async def _revoked(sender, *args, **kwargs) -> None:
+    async def _rebalancing(sender, *args, **kwargs) -> None:
         rebalanced_at[0] = time.monotonic()  # the group regroups: no record comes meanwhile
 
-    @app.on_partitions_assigned.connect
-    async def _assigned(sender, *args, **kwargs) -> None:
-        rebalanced_at[0] = time.monotonic()
+    app.on_partitions_revoked.connect(_rebalancing)
+    app.on_partitions_assigned.connect(_rebalancing)
 
     async def _watch_recovery() -> None:
         """A task of its own, not an app timer: faust starts its timers only after the first recovery, which a

@@ -25,6 +25,7 @@ from sinks import store
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
+from tests.streams.helpers import until
 
 pytestmark = pytest.mark.integration
 ROUND = 20  # XID lines per round
@@ -59,13 +60,6 @@ def refuse(client, settings: SinkSettings, refusing: bool) -> None:
     client.command(f"ALTER TABLE {shape.local('xid_events')}{shape.on} {change}")
 
 
-async def until(what: str, condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 async def committed(settings: SinkSettings) -> dict[int, int]:
     """The sink group's commit per partition of the XID topic."""
     admin = AIOKafkaAdminClient(**settings.kafka_client_args())
@@ -96,15 +90,17 @@ async def test_a_store_that_refuses_inserts_loses_and_doubles_nothing(settings_e
     try:
         with caplog.at_level(logging.WARNING, logger="fleetpulse.sink"):
             await send_xids(settings, 0, now)
-            await until("the first round stored", lambda: stored(client) == (ROUND, ROUND) or task.done())
+            await until(lambda: stored(client) == (ROUND, ROUND) or task.done(), 60.0, every=0.1,
+                        what="the first round stored")
 
             # Refused for a while, then taken: every record once.
             refuse(client, settings, True)
             await send_xids(settings, ROUND, now)
-            await until("a refused insert", lambda: retried(caplog) > 0 or task.done())
+            await until(lambda: retried(caplog) > 0 or task.done(), 60.0, every=0.1, what="a refused insert")
             assert stored(client) == (ROUND, ROUND) and not task.done()
             refuse(client, settings, False)
-            await until("the second round stored", lambda: stored(client) == (2 * ROUND, 2 * ROUND) or task.done())
+            await until(lambda: stored(client) == (2 * ROUND, 2 * ROUND) or task.done(), 60.0, every=0.1,
+                        what="the second round stored")
             before = retried(caplog)
 
             # Refused past the retries: the sink stops with the error, commits nothing it did not store.
@@ -127,7 +123,8 @@ async def test_a_store_that_refuses_inserts_loses_and_doubles_nothing(settings_e
     stop = asyncio.Event()
     task = asyncio.create_task(run_sink(ClickHouseSink(settings), stop))
     try:
-        await until("the third round stored", lambda: stored(client) == (3 * ROUND, 3 * ROUND) or task.done())
+        await until(lambda: stored(client) == (3 * ROUND, 3 * ROUND) or task.done(), 60.0, every=0.1,
+                    what="the third round stored")
         deadline = time.monotonic() + 30
         while await committed(settings) != stored_next(client) and not task.done():
             assert time.monotonic() < deadline, f"committed {await committed(settings)}, stored {stored_next(client)}"

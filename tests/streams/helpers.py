@@ -35,12 +35,13 @@ def temps_series(host: str, temps: list[float | None], *, t0: float = 1_000.0, s
             for i, t in enumerate(temps)]
 
 
-async def until(condition, timeout: float = 10.0) -> None:
-    """Wait for a stage driven through agent.test_context() to reach `condition`."""
+async def until(condition, timeout: float = 10.0, what: str = "condition", every: float = 0.01) -> None:
+    """Wait for a stage driven through agent.test_context() (or anything else: `every` s between looks) to reach
+    `condition`."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+        assert time.monotonic() < deadline, f"{what} not met in time"
+        await asyncio.sleep(every)
 
 
 async def put_on(stage, topic: str, value: bytes, key: bytes, partition: int) -> None:

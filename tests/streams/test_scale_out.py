@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -23,14 +22,15 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from prometheus_client.parser import text_string_to_metric_families
 
+from fleetpulse.lag import stable_members
 from schemas.analytics import Alert
 from schemas.codec import encode
 from schemas.provision import ensure_topics
 from schemas.topics import ALERTS, FAULTS, HEALTH, SAMPLES, XID, Topic
 from streams import registry
 from streams.app import app_id, group_id
+from tests.agents.test_agent_runner import scrape
 from tests.conftest import REPO, free_ports
 from tests.streams.helpers import gpu, sample
 from tests.streams.test_worker_integration import PHASE1, PHASE2, produce, read_all, stop_worker, wait_for
@@ -50,9 +50,8 @@ def start(name: str, tmp: Path, port: int) -> subprocess.Popen:
 
 def counter(port: int, name: str) -> dict[str, float]:
     """A worker's counter `name` per stage, from its /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {s.labels["stage"]: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == f"fleetpulse_stage_{name}_total"}
+    return {dict(labels)["stage"]: value for (metric, labels), value in scrape(port).items()
+            if metric == f"fleetpulse_stage_{name}_total"}
 
 
 class Logs:
@@ -111,12 +110,10 @@ def full(topic, prefix: str) -> str:
 
 
 async def members(bootstrap: str, group: str) -> int:
-    """Members of a Stable group (0 while it rebalances)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        [response] = await admin.describe_consumer_groups([group])
-        return sum(len(g[5]) for g in response.groups if g[2] == "Stable")  # (error, id, state, _, _, members)
+        return await stable_members(admin, group)
     finally:
         await admin.close()
 
