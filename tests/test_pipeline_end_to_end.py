@@ -59,9 +59,11 @@ async def test_thermal_runaway_fires_and_resolves_and_every_sample_lands_once(se
             return rows(sink_settings, "SELECT alertname, status, host, gpu_index FROM alerts ORDER BY ts")
 
         def landed() -> bool:
-            got = alerts()
-            return any(s == "resolved" and a == "GpuTempSlowdown" for a, s, _, _ in got) and \
-                sink.stats.tables["gpu_samples"].rows >= report.gpu_readings
+            # The tables exist once the sink is ready (its schema applied): on a busy machine the simulator can be
+            # done before that, and a query before it fails with UNKNOWN_TABLE instead of waiting.
+            if not sink.stats.ready or sink.stats.tables["gpu_samples"].rows < report.gpu_readings:
+                return False
+            return any(s == "resolved" and a == "GpuTempSlowdown" for a, s, _, _ in alerts())
         await wait_for(landed, 120, "the runaway's alerts and every sample in ClickHouse")
     finally:
         worker.send_signal(signal.SIGTERM)
