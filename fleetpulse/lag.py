@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CoordinatorLoadInProgressError, GroupCoordinatorNotAvailableError, KafkaError
 
 
 class OffsetWatch:
@@ -64,7 +64,10 @@ def per_topic(offsets: dict[TopicPartition, int]) -> dict[str, int]:
 
 
 async def stable_members(admin: AIOKafkaAdminClient, group: str) -> int:
-    """Members of `group` while it is Stable (0 while it rebalances or has none): every member has joined and taken
-    its partitions."""
-    [response] = await admin.describe_consumer_groups([group])
+    """Members of `group` while it is Stable (0 while it rebalances or has none, or the broker has no coordinator for it
+    yet, as a fresh one has not): every member has joined and taken its partitions."""
+    try:
+        [response] = await admin.describe_consumer_groups([group])
+    except (GroupCoordinatorNotAvailableError, CoordinatorLoadInProgressError):
+        return 0
     return sum(len(g[5]) for g in response.groups if g[2] == "Stable")  # (error, id, state, _, _, members)

@@ -59,6 +59,8 @@ async def test_thermal_runaway_fires_and_resolves_and_every_sample_lands_once(se
             return rows(sink_settings, "SELECT alertname, status, host, gpu_index FROM alerts ORDER BY ts")
 
         def landed() -> bool:
+            if sink_task.done():
+                sink_task.result()  # the sink stopped: its error, not a timeout
             # The tables exist once the sink is ready (its schema applied): on a busy machine the simulator can be
             # done before that, and a query before it fails with UNKNOWN_TABLE instead of waiting.
             if not sink.stats.ready or sink.stats.tables["gpu_samples"].rows < report.gpu_readings:
