@@ -109,6 +109,11 @@ def broker_credentials(s: CommonSettings) -> faust.auth.Credentials | None:
                                  mechanism=s.kafka_sasl_mechanism or "PLAIN")
 
 
+def default_workdir(settings: CommonSettings, workdir: Path | None = None) -> Path:
+    """The worker's faust data directory: `workdir` when given, else <data_dir>/streams."""
+    return Path(workdir or settings.data_dir / "streams")
+
+
 def create_app(settings: CommonSettings | None = None, *, stages: list[str] | None = None, worker: str | None = None,
                workdir: Path | None = None, emitter: Emitter | None = None) -> faust.App:
     """A faust app running `stages` (default: settings.stages, else every registered stage) of one worker.
@@ -131,7 +136,7 @@ def create_app(settings: CommonSettings | None = None, *, stages: list[str] | No
     partitions = {t.partitions for stage in chosen for t in stage.topics()}
     if len(partitions) != 1:
         raise ConfigError(f"stages {[st.name for st in chosen]} read topics of different partition counts {partitions}")
-    datadir = Path(workdir or s.data_dir / "streams")
+    datadir = default_workdir(s, workdir)
     datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level itself
     namespace = app_id(s.topic_prefix)
     direct = delivery.install(s.streams_eager_delivery) and s.streams_direct_lanes

@@ -3,7 +3,9 @@
 Each worker (streams/registry.py WORKERS) is one faust app and consumer group in a process of its own: without
 --worker, this process runs the first worker the chosen stages need and starts the others as child processes, which
 die with it (Linux PR_SET_PDEATHSIG) and are stopped with it; a child that exits stops this process (exit 1), so a
-supervisor restarts the set. --worker runs exactly one (a deployment that scales them apart).
+supervisor restarts the set. --telemetry-processes N (FLEETPULSE_STREAMS_TELEMETRY_PROCESSES) adds N-1 more telemetry
+workers as children, each with a faust data directory of its own, in the telemetry group: a share of the partitions
+each (without --worker only). --worker runs exactly one (a deployment that scales them apart).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from core.logs import quiet_transient_client_logs
 from core.kafka_admin import create_missing
 from schemas.provision import ensure_topics
 from schemas.topics import INTERNAL
-from streams.app import app_id, create_app, metrics_of, stage_lag
+from streams.app import app_id, create_app, default_workdir, metrics_of, stage_lag
 from streams.metrics_server import serve
 from streams.registry import STAGES, WORKERS, select, workers
 from streams.runtime.recovery import recovery_stall
@@ -43,7 +45,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                                     f"{', '.join(STAGES)}")
     p.add_argument("--worker", choices=WORKERS, help="run only this worker's share of the stages (default: every "
                                                      "worker they need, one process each)")
-    p.add_argument("--workdir", type=Path, help="faust data directory (default: <data_dir>/streams)")
+    p.add_argument("--workdir", type=Path, help="faust data directory (default: <data_dir>/streams; the Nth extra "
+                                                 "telemetry process: the same with -N appended)")
+    p.add_argument("--telemetry-processes", type=int, metavar="N", help="telemetry worker processes in the group, "
+                                                                        "not with --worker (default: FLEETPULSE_"
+                                                                        "STREAMS_TELEMETRY_PROCESSES, else 1)")
     p.add_argument("--loglevel", default="info", help="worker log level (default: info)")
 
 
@@ -84,47 +90,89 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _start_children(args: argparse.Namespace, others: list[str], port: int | None) -> list[subprocess.Popen]:
-    """One `streams.cli --worker W` process per other worker, same stages, settings and log streams as this one.
-    A configured metrics port moves up by one per child (0, any free port, stays 0)."""
+def child_workers(needed: list[str], telemetry_processes: int, workdir: Path) -> list[tuple[str, Path | None]]:
+    """(worker, its own faust data directory or None for `workdir`) of each child: every worker the stages need but
+    the first (this process's), then the extra telemetry processes, each in `workdir` with -1, -2, ... appended (two
+    processes of one worker must not share one)."""
+    extra = telemetry_processes - 1 if "telemetry" in needed else 0
+    return [(w, None) for w in needed[1:]] + [("telemetry", Path(f"{workdir.resolve()}-{n}"))
+                                              for n in range(1, extra + 1)]
+
+
+def _start_children(args: argparse.Namespace, others: list[tuple[str, Path | None]], port: int | None,
+                    web_port: int | None = None) -> list[subprocess.Popen]:
+    """One `streams.cli --worker W` process per child, same stages, settings and log streams as this one.
+    A configured metrics or faust web port moves up by one per child (0, any free port, stays 0)."""
     children = []
-    for k, worker in enumerate(others, start=1):
+    for k, (worker, own) in enumerate(others, start=1):
         cmd = [sys.executable, "-m", "streams.cli", "--worker", worker, "--loglevel", getattr(args, "loglevel", "info")]
         if getattr(args, "stages", None):
             cmd += ["--stages", args.stages]
-        if getattr(args, "workdir", None):
-            cmd += ["--workdir", str(args.workdir)]
+        workdir = own or getattr(args, "workdir", None)
+        if workdir:
+            cmd += ["--workdir", str(workdir)]
         env = dict(os.environ)
-        if port:
-            env["FLEETPULSE_STREAMS_METRICS_PORT"] = str(port + k)
-        children.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None))
-        log.info("started the %s worker (pid %d)", worker, children[-1].pid)
+        for name, base in (("FLEETPULSE_STREAMS_METRICS_PORT", port), ("FLEETPULSE_STREAMS_WEB_PORT", web_port)):
+            if base:
+                env[name] = str(base + k)
+        children.append(subprocess.Popen(cmd, env=env,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None))
+        log.info("started the %s worker (pid %d%s)", worker, children[-1].pid, f", {own}" if own else "")
     return children
 
 
-def _stop_children(children: list[subprocess.Popen], timeout: float = 30.0) -> int:
-    """SIGTERM each running child and wait for it (SIGKILL after `timeout`); the worst exit status."""
+def _signal_children(children: list[subprocess.Popen]) -> None:
     for child in children:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
-    worst = 0
+
+
+def _stop_children(children: list[subprocess.Popen], timeout: float = 30.0) -> int:
+    """SIGTERM each running child and wait for them all (SIGKILL after `timeout`); the worst exit status: a child
+    that stopped on a signal other than SIGTERM counts as 1."""
+    _signal_children(children)
+    worst, deadline = 0, time.monotonic() + timeout
     for child in children:
         try:
-            rc = child.wait(timeout=timeout)
+            rc = child.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             log.error("worker pid %d ignored SIGTERM for %.0f s: killed", child.pid, timeout)
             child.kill()
             rc = child.wait()
-        worst = worst or (rc if rc and rc > 0 else 0)
+        worst = worst or (rc if rc > 0 else 1 if rc not in (0, -signal.SIGTERM) else 0)
     return worst
+
+
+class _Worker(faust.Worker):
+    """faust's worker, telling this command's children to stop as it begins to: an extra telemetry process stopped only
+    after this one left the group would first start taking over its partitions."""
+
+    peers: list[subprocess.Popen] = []  # this command's child processes (set before it runs)
+    stopping = False
+
+    async def on_stop(self) -> None:
+        self.stopping = True
+        _signal_children(self.peers)
+        await super().on_stop()
 
 
 def run(args: argparse.Namespace) -> int:
     """Start the first worker the stages need in this process and the others as children; --worker: just that one.
     A second process with the same settings and worker joins the same consumer group."""
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if getattr(args, "stages", None) else None
-    settings = streams_settings(stages=stages)
+    processes = getattr(args, "telemetry_processes", None)
+    if processes is not None and getattr(args, "worker", None):
+        raise ConfigError("--telemetry-processes starts processes of the telemetry worker; --worker runs exactly one")
+    settings = streams_settings(stages=stages, **({} if processes is None else
+                                                   {"streams_telemetry_processes": processes}))
     needed = list(workers(select(settings.stages)))
+    others = [] if getattr(args, "worker", None) else child_workers(
+        needed, settings.streams_telemetry_processes, default_workdir(settings, getattr(args, "workdir", None)))
+    for name, port in (("FLEETPULSE_STREAMS_METRICS_PORT", settings.streams_metrics_port),
+                       ("FLEETPULSE_STREAMS_WEB_PORT", settings.streams_web_port)):
+        if port and port + len(others) > 65535:
+            raise ConfigError(f"{name} {port}: its {len(others)} child processes serve on the ports after it, "
+                              "past 65535")
     mine = getattr(args, "worker", None) or needed[0]
     app = create_app(settings, worker=mine, workdir=getattr(args, "workdir", None))
     if settings.streams_gc_young:  # most garbage here is acyclic and freed at once; cycles wait a little longer
@@ -137,8 +185,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         loop.close()
         raise
-    children = [] if getattr(args, "worker", None) else _start_children(args, needed[1:],
-                                                                        settings.streams_metrics_port)
+    children = _start_children(args, others, settings.streams_metrics_port, settings.streams_web_port)
     try:
         rc = _run_worker(args, settings, app, loop, started, children)
     finally:
@@ -191,6 +238,8 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
 
     @app.timer(1.0)
     async def _watch_children() -> None:
+        if worker.stopping:  # it told them to stop
+            return
         for child in children:
             if child.poll() is not None and not lost:
                 lost.append(child)
@@ -213,10 +262,11 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
             loop.close()
             raise ConfigError(f"FLEETPULSE_STREAMS_METRICS_PORT {settings.streams_metrics_port}: {exc.strerror}") \
                 from exc
-    worker = faust.Worker(app, loop=loop, loglevel=getattr(args, "loglevel", "info"), quiet=True,
-                          redirect_stdouts=False, override_logging=not logging.getLogger().handlers)
+    worker = _Worker(app, loop=loop, loglevel=getattr(args, "loglevel", "info"), quiet=True,
+                     redirect_stdouts=False, override_logging=not logging.getLogger().handlers)
     if not sys.stdout.isatty():
         worker.spinner = None  # its terminal escape codes would only litter captured logs
+    worker.peers = children
     app.recovery_watchdog = loop.create_task(_watch_recovery())  # runs once the worker runs the loop
     try:
         worker.execute_from_commandline()  # installs SIGINT/SIGTERM handlers: stop, commit, close the loop

@@ -37,6 +37,10 @@ class StreamsSettings(CommonSettings):
                                             "(exit 1) so its restart recovers afresh (streams/runtime/recovery.py); "
                                             "above faust's 90 s broker request timeout, which each of recovery's "
                                             "offset reads may take")
+    streams_telemetry_processes: int = Field(default=1, ge=1, le=64, description="telemetry worker processes "
+                                             "`fleetpulse streams` runs in the one consumer group, a share of the "
+                                             "partitions each (not with --worker): up to one per core scales the "
+                                             "sample stages out (a process's stages run on one core)")
     streams_gc_young: int = Field(default=50_000, ge=0, description="allocations between the cyclic garbage "
                                   "collector's young collections (Python's 700 makes it walk the stages' state "
                                   "thousands of times a second: 2-3x the CPU per sample); 0 keeps Python's")
