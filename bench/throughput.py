@@ -104,7 +104,7 @@ def worker_topics(settings: CommonSettings, stages: str) -> dict[str, int]:
 
 async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, int], *, stages: str = "power_thermal",
                         cwd: Path | None = None, profile: Path | None = None, commit_interval_s: float = 0.5,
-                        workers: int = 1) -> dict:
+                        workers: int = 1, logs: Path | None = None) -> dict:
     """Run `fleetpulse streams` (from `cwd`'s tree when given) until its group has committed every input record.
 
     Per topic: records left at the group's first commit / seconds from then until the topic's lag is 0. Progress is
@@ -115,7 +115,7 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
     `workers` > 1: as many telemetry worker processes in the one consumer group (the first also starts the decisions
     worker, as `fleetpulse streams` does), each taking a share of the partitions; timed from the first commit after
     every one of them is a member of the settled group, so the first one's head start and the rebalances as the others
-    join are left out. CPU is the telemetry processes' together.
+    join are left out. CPU is the telemetry processes' together. `logs`: each process's output to `logs`.w<k>.log.
     """
     from streams.app import app_id
 
@@ -130,7 +130,10 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
             cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-o",
                    str(profile.with_suffix(f".w{k}.json") if k else profile), "--format", "speedscope", "--rate", "50",
                    "--", *cmd]
-        procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        out = subprocess.DEVNULL if logs is None else open(logs.with_name(f"{logs.name}.w{k}.log"), "wb")
+        procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT))
+        if logs is not None:
+            out.close()  # the child holds its own copy
 
     def cpu() -> float:  # the telemetry workers' own processes (with py-spy: py-spy's)
         return sum(cpu_seconds(p.pid) for p in procs)
@@ -318,7 +321,7 @@ async def worker_runs(args, tmp: Path) -> dict:
             profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
             run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
                                       cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval,
-                                      workers=args.workers)
+                                      workers=args.workers, logs=args.worker_logs and args.worker_logs / f"{name}.{k}")
             # CPU per host sample with its share of NCCL: robust to what the machine gave the run
             if "cpu_s" in run and run["topics"][SAMPLES.name]["after_first_commit"]:
                 samples = run["topics"][SAMPLES.name]["after_first_commit"]
@@ -435,8 +438,11 @@ if __name__ == "__main__":
                    help="telemetry worker processes in the one group, each taking a share of the partitions")
     p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at "
                    "PATH.<tree>.<k>.json (with --workers: PATH.<tree>.<k>.w<n>.json for the n-th extra process)")
+    p.add_argument("--worker-logs", type=Path, help="a folder for each worker process's log, <tree>.<k>.w<n>.log")
     p.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     a = p.parse_args()
+    if a.worker_logs:
+        a.worker_logs.mkdir(parents=True, exist_ok=True)
     if a.workers < 1:
         p.error("--workers must be at least 1")
     quiet_transient_client_logs()

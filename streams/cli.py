@@ -35,6 +35,7 @@ from streams.app import app_id, create_app, default_workdir, metrics_of, stage_l
 from streams.metrics_server import serve
 from streams.registry import STAGES, WORKERS, select, workers
 from streams.runtime.recovery import recovery_stall
+from streams.runtime.report import report
 from streams.settings import streams_settings
 
 log = logging.getLogger("fleetpulse.streams")
@@ -154,6 +155,12 @@ class _Worker(faust.Worker):
         self.stopping = True
         _signal_children(self.peers)
         await super().on_stop()
+
+    def _on_sigusr2(self) -> None:
+        """SIGUSR2: log each input partition's consumer state (faust's worker would start a debugger on the
+        terminal a service does not have); SIGUSR1 stays faust's dump of every task's stack."""
+        lanes = getattr(getattr(self.app, "fleetpulse", None), "lanes", ())
+        log.warning("consumer state (SIGUSR2):\n%s", report(self.app, lanes))
 
 
 def run(args: argparse.Namespace) -> int:
