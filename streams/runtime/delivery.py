@@ -78,7 +78,7 @@ def start(coro: Coroutine) -> Resumed | None:
     return Resumed(coro, waiting)
 
 
-async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetch loop; exercised by every broker test
+async def _drain_messages(self, fetcher) -> None:  # the fetch loop: every broker test, and test_offset_gaps.py
     callback = self.callback
     getmany = self.getmany
     consumer_should_stop = self._stopped.is_set
@@ -89,6 +89,10 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
     commit_every = self._commit_every
     acks_enabled_for = self.app.topics.acks_enabled_for
     routes = inboxes(self.app)  # topic -> the inboxes of the lanes that read it (streams/runtime/inbox.py)
+    delivered = getattr(self, "delivered", None)  # partition -> the last offset handed out since the last seek
+    if delivered is None:
+        delivered = {}
+    rewound: dict = {}  # partition -> the offset this loop last went back to, for records the fetch had skipped
     since_yield = 0
     try:
         while not (consumer_should_stop() or fetcher_should_stop()):
@@ -96,17 +100,25 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
             ait = getmany(timeout=1.0)
             await self.sleep(0)  # getmany may loop without giving the event loop a turn
             if not self.should_stop:
+                rewinding: set = set()  # partitions sent back this fetch: the rest of their records here are early
                 async for tp, message in ait:
                     since_yield += 1
                     if since_yield > 100:
                         await asyncio.sleep(0)
                         since_yield = 0
+                    if tp in rewinding:
+                        continue
                     offset = message.offset
                     r_offset = get_read_offset(tp)
                     if r_offset is None or offset >= r_offset:
-                        gap = offset - (r_offset or 0)
-                        if gap > 1 and r_offset and acks_enabled_for(message.topic):
-                            await self._add_gap(tp, r_offset + 1, offset)
+                        skipped = skipped_from(offset, r_offset, delivered.get(tp))
+                        if skipped is not None and acks_enabled_for(message.topic):
+                            if rewound.get(tp) != skipped:
+                                rewound[tp] = skipped
+                                rewinding.add(tp)
+                                await _read_again(self, tp, skipped, offset)
+                                continue
+                            await self._add_gap(tp, skipped, offset - 1)  # read again and still absent: no records
                         if commit_every is not None and self._n_acked >= commit_every:
                             self._n_acked = 0
                             await self.commit()
@@ -118,6 +130,7 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
                             if rest is not None:  # it waits: from here on as faust's loop does
                                 await self.wait_first(rest, self.suspend_flow.wait())
                         set_read_offset(tp, offset)
+                        delivered[tp] = offset
                 unset_flag(CONSUMER_FETCHING)
     except self.consumer_stopped_errors:
         if self.transport.app.should_stop:
@@ -134,6 +147,30 @@ async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - the fetc
         raise
     finally:
         unset_flag(CONSUMER_FETCHING)
+
+
+def skipped_from(offset: int, read: int | None, delivered: int | None) -> int | None:
+    """The first record the fetch skipped before `offset`, or None. `read` is faust's read offset of the partition:
+    the last record handed out (`delivered`: the fetch loop's last since the partition's last seek) or, after a
+    seek, the next record to read.
+
+    faust 0.15.3 drops records its getmany fetched around a rebalance (the generation changed or the partition was
+    not active yet) while the fetch position has moved past them. Its loop took the jump for a compacted range or a
+    transaction marker and acknowledged the records in it unread: two telemetry workers sharing a group lost up to
+    ~250 samples per partition that way in one of three `bench/throughput.py --workers 2` runs, and the same offsets,
+    acknowledged again once read, stalled the partition's commits to a record or two each (seen with SIGUSR2's
+    consumer report, streams/runtime/report.py)."""
+    if read is None:
+        return None
+    due = read + 1 if delivered == read else read
+    return due if offset > due else None
+
+
+async def _read_again(consumer, tp, skipped: int, offset: int) -> None:
+    log.warning("%s[%d]: the fetch went on at offset %d, past %d..%d that were never handed out (dropped by faust "
+                "around a rebalance): reading them again", tp.topic, tp.partition, offset, skipped, offset - 1)
+    consumer.refetched = getattr(consumer, "refetched", 0) + 1
+    await consumer.seek(tp, skipped)
 
 
 def inboxes(app) -> dict[str, tuple]:
