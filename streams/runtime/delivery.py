@@ -29,6 +29,7 @@ from collections.abc import Coroutine, Generator
 from typing import Any
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.transport import consumer as faust_consumer
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.types.tuples import ack_lock
@@ -90,9 +91,9 @@ async def _drain_messages(self, fetcher) -> None:  # the fetch loop: every broke
     acks_enabled_for = self.app.topics.acks_enabled_for
     routes = inboxes(self.app)  # topic -> the inboxes of the lanes that read it (streams/runtime/inbox.py)
     delivered = getattr(self, "delivered", None)  # partition -> the last offset handed out since the last seek
-    if delivered is None:
-        delivered = {}
-    rewound: dict = {}  # partition -> the offset this loop last went back to, for records the fetch had skipped
+    rewound = getattr(self, "rewound", None)  # partition -> where this loop went back to, until a record comes
+    if delivered is None or rewound is None:
+        delivered, rewound = {}, {}
     since_yield = 0
     try:
         while not (consumer_should_stop() or fetcher_should_stop()):
@@ -111,14 +112,14 @@ async def _drain_messages(self, fetcher) -> None:  # the fetch loop: every broke
                     offset = message.offset
                     r_offset = get_read_offset(tp)
                     if r_offset is None or offset >= r_offset:
-                        skipped = skipped_from(offset, r_offset, delivered.get(tp))
-                        if skipped is not None and acks_enabled_for(message.topic):
-                            if rewound.get(tp) != skipped:
-                                rewound[tp] = skipped
+                        if r_offset is not None and offset > r_offset and acks_enabled_for(message.topic):
+                            act = jump(offset, r_offset, delivered.get(tp), rewound.get(tp))
+                            if act is not None and act[0] == "again":
                                 rewinding.add(tp)
-                                await _read_again(self, tp, skipped, offset)
+                                await _read_again(self, tp, act[1], offset, rewound)
                                 continue
-                            await self._add_gap(tp, skipped, offset - 1)  # read again and still absent: no records
+                            if act is not None:
+                                await self._add_gap(tp, act[1], offset - 1)
                         if commit_every is not None and self._n_acked >= commit_every:
                             self._n_acked = 0
                             await self.commit()
@@ -131,6 +132,8 @@ async def _drain_messages(self, fetcher) -> None:  # the fetch loop: every broke
                                 await self.wait_first(rest, self.suspend_flow.wait())
                         set_read_offset(tp, offset)
                         delivered[tp] = offset
+                        if rewound:
+                            rewound.pop(tp, None)
                 unset_flag(CONSUMER_FETCHING)
     except self.consumer_stopped_errors:
         if self.transport.app.should_stop:
@@ -149,28 +152,36 @@ async def _drain_messages(self, fetcher) -> None:  # the fetch loop: every broke
         unset_flag(CONSUMER_FETCHING)
 
 
-def skipped_from(offset: int, read: int | None, delivered: int | None) -> int | None:
-    """The first record the fetch skipped before `offset`, or None. `read` is faust's read offset of the partition:
-    the last record handed out (`delivered`: the fetch loop's last since the partition's last seek) or, after a
-    seek, the next record to read.
+def jump(offset: int, read: int, delivered: int | None, rewound: int | None) -> tuple[str, int] | None:
+    """What a record past faust's read offset of its partition (`read`) means: ("again", first) read the partition
+    again from `first`; ("gap", first) faust's gap from `first` to the record (no records there); None: it is due.
 
-    faust 0.15.3 drops records its getmany fetched around a rebalance (the generation changed or the partition was
-    not active yet) while the fetch position has moved past them. Its loop took the jump for a compacted range or a
-    transaction marker and acknowledged the records in it unread: two telemetry workers sharing a group lost up to
-    ~250 samples per partition that way in one of three `bench/throughput.py --workers 2` runs, and the same offsets,
-    acknowledged again once read, stalled the partition's commits to a record or two each (seen with SIGUSR2's
-    consumer report, streams/runtime/report.py)."""
-    if read is None:
+    Right after a seek (`delivered`, the loop's last record handed out since the partition's last seek, is not
+    `read`) the record due is `read` itself. A record past it means faust 0.15.3's getmany dropped records it had
+    fetched around a rebalance (the group's generation changed, or the partition was not active yet) while the fetch
+    position moved past them: they are read again, unless this is already the first fetch after reading again from
+    there (`rewound`), when the broker has none. faust's own loop took such a jump for a compacted range and
+    acknowledged the records in it unread: with `bench/throughput.py --workers 2` that committed 250-850 unprocessed
+    samples per partition in three runs of four, and the same offsets, acknowledged again once read, left the
+    partition committing a record or two per commit (seen with SIGUSR2's consumer report, streams/runtime/report.py).
+    Between seeks the record due is the one after `read`, and a jump is a compacted range or a transaction marker."""
+    if offset <= read:
         return None
-    due = read + 1 if delivered == read else read
-    return due if offset > due else None
+    if delivered != read:
+        return ("gap", read) if rewound == read else ("again", read)
+    return ("gap", read + 1) if offset > read + 1 else None
 
 
-async def _read_again(consumer, tp, skipped: int, offset: int) -> None:
+async def _read_again(consumer, tp, first: int, offset: int, rewound: dict) -> None:
     log.warning("%s[%d]: the fetch went on at offset %d, past %d..%d that were never handed out (dropped by faust "
-                "around a rebalance): reading them again", tp.topic, tp.partition, offset, skipped, offset - 1)
+                "around a rebalance): reading them again", tp.topic, tp.partition, offset, first, offset - 1)
+    try:
+        await consumer.seek(tp, first)
+    except (IllegalStateError, AssertionError) as exc:  # revoked meanwhile: its next owner reads from the commit
+        log.info("%s[%d] is no longer assigned (%r): not read again here", tp.topic, tp.partition, exc)
+        return
+    rewound[tp] = first
     consumer.refetched = getattr(consumer, "refetched", 0) + 1
-    await consumer.seek(tp, skipped)
 
 
 def inboxes(app) -> dict[str, tuple]:

@@ -59,15 +59,20 @@ class RewindingConsumer(faust_kafka.Consumer):
         super().__init__(*args, **kwargs)
         self.held: dict[TP, int] = {}  # partition -> the first record a crashed batch left, until it is acknowledged
         self.abandoned: WeakSet = WeakSet()  # records a crashed lane left that another lane still holds
-        self.delivered: dict[TP, int] = {}  # the fetch loop's last record handed out per partition, since its seek
+        # the fetch loop's (delivery.jump): the last record handed out per partition since its last seek, and where
+        # the loop itself went back to until a record of the partition comes
+        self.delivered: dict[TP, int] = {}
+        self.rewound: dict[TP, int] = {}
 
     async def seek(self, partition: TP, offset: int) -> None:
         await super().seek(partition, offset)
-        self.delivered.pop(partition, None)  # what is read next is `offset` itself (delivery.skipped_from)
+        self.delivered.pop(partition, None)  # what is read next is `offset` itself
+        self.rewound.pop(partition, None)
 
     async def perform_seek(self) -> None:
         await super().perform_seek()
         self.delivered.clear()
+        self.rewound.clear()
 
     def _new_consumer_thread(self) -> RewindingConsumerThread:
         return RewindingConsumerThread(self, loop=self.loop, beacon=self.beacon)

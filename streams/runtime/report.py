@@ -22,7 +22,7 @@ def partition_rows(app) -> list[dict]:
     consumer = app.consumer
     acking = app.topics.acks_enabled_for
     client = _get(lambda: consumer._thread._ensure_consumer(), None)
-    active = _get(consumer._get_active_partitions, set())
+    active = _get(lambda: consumer._active_partitions, None)  # None: not worked out yet (reading it would set it)
     rows = []
     for tp in sorted(_get(consumer.assignment, set())):
         if not acking(tp.topic):
@@ -30,7 +30,7 @@ def partition_rows(app) -> list[dict]:
         state = _get(lambda: client._subscription.subscription.assignment.state_value(tp), None)
         acked = _get(lambda: consumer._acked.get(tp) or [], [])
         rows.append({
-            "topic": tp.topic, "partition": tp.partition, "active": tp in active,
+            "topic": tp.topic, "partition": tp.partition, "active": "?" if active is None else tp in active,
             "paused": tp in _get(lambda: consumer._paused_partitions, ()),
             "buffered": tp in _get(lambda: consumer._buffered_partitions, ()),
             "read": _get(lambda: consumer._read_offset.get(tp)),

@@ -19,7 +19,7 @@ def _app():
     client = SimpleNamespace(_subscription=SimpleNamespace(subscription=SimpleNamespace(
         assignment=SimpleNamespace(state_value=lambda tp: state))))
     consumer = SimpleNamespace(
-        _thread=SimpleNamespace(_ensure_consumer=lambda: client), _get_active_partitions=lambda: {SAMPLES},
+        _thread=SimpleNamespace(_ensure_consumer=lambda: client), _active_partitions={SAMPLES},
         assignment=lambda: {SAMPLES, CHANGELOG}, _paused_partitions=set(), _buffered_partitions=set(),
         _read_offset={SAMPLES: 6779}, _committed_offset={SAMPLES: 122}, _acked={SAMPLES: [121, 122, 122, 123]},
         highwater=lambda tp: 6780, flow_active=True, _unacked_messages=set())
@@ -39,5 +39,7 @@ def test_each_input_partition_with_faust_s_and_aiokafka_s_view():
 def test_what_it_cannot_read_shows_as_unknown():
     app = _app()
     del app.consumer._thread  # not started: no aiokafka client
+    app.consumer._active_partitions = None  # not worked out yet: left so (faust's getter would set it)
     (row,) = partition_rows(app)
-    assert row["position"] == "?" and row["fetch_paused"] == "?" and row["committed"] == 122
+    assert row["position"] == "?" and row["fetch_paused"] == "?" and row["active"] == "?" and row["committed"] == 122
+    assert app.consumer._active_partitions is None

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.types import TP
 
-from streams.runtime.delivery import skipped_from
+from streams.runtime.delivery import jump
 from streams.runtime.offsets import GapWatch, RewindingConsumer, rewind_uncommitted, stall
 
 SAMPLES = TP("fleet.telemetry.samples", 3)
@@ -179,13 +179,14 @@ def test_a_crashed_batch_holds_its_partitions_commits_until_its_records_are_read
     assert consumer._new_offset(shared) is None and 0 not in consumer._acked_index[shared]  # faust alone: 2
 
 
-def test_which_record_is_due_next():
-    assert skipped_from(23, 22, 22) is None  # the next one after the last handed out
-    assert skipped_from(275, 21, None) == 21  # after a seek to 21 the fetch went on at 275: 21..274 skipped
-    assert skipped_from(275, 22, 22) == 23  # handed out 22, then 275
-    assert skipped_from(22, 21, None) == 21  # even one record: 21 is the seek's own
-    assert skipped_from(21, 21, None) is None and skipped_from(5, None, None) is None
-    assert skipped_from(21, 22, 22) is None  # read again (below: faust's loop skips it as already read)
+def test_what_a_jump_past_the_read_offset_means():
+    assert jump(23, 22, 22, None) is None and jump(22, 22, None, None) is None  # the one due next
+    assert jump(275, 21, None, None) == ("again", 21)  # after a seek to 21 the fetch went on at 275: read again
+    assert jump(22, 21, None, None) == ("again", 21)  # even one record: 21 is the seek's own
+    assert jump(275, 21, 274, None) == ("again", 21)  # handed out 274 before the seek: 21 is due all the same
+    assert jump(275, 21, None, 21) == ("gap", 21)  # the first fetch after reading again from 21: none there
+    assert jump(35, 30, 30, None) == ("gap", 31)  # between seeks: a compacted range (fleet.node.state)
+    assert jump(35, 30, 30, 12) == ("gap", 31)
 
 
 class FetchingConsumer:
@@ -205,24 +206,35 @@ class FetchingConsumer:
         self._stopped = SimpleNamespace(is_set=lambda: not self.fetches)
         self._read_offset = {SAMPLES: read}
         self.delivered: dict = {}
+        self.rewound: dict = {}
         self.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
         self._commit_every, self.should_stop, self.flow_active, self.consumer_stopped_errors = None, False, True, ()
         self.callback = None  # records of a lane's topic go to its inbox, not through faust's conductor
 
+    async def sleep(self, seconds: float) -> None:
+        pass
+
     async def getmany(self, timeout: float):
         from faust.types.tuples import Message
 
-        for offset in self.fetches.pop(0):
+        fetch = self.fetches.pop(0)
+        if callable(fetch):  # between fetches: a rebalance
+            fetch()
+            fetch = self.fetches.pop(0)
+        for offset in fetch:
             yield SAMPLES, Message(SAMPLES.topic, SAMPLES.partition, offset, 0.0, 0, None, b"h", b"{}", None,
                                    tp=SAMPLES)
-
-    async def sleep(self, seconds: float) -> None:
-        pass
 
     async def seek(self, tp: TP, offset: int) -> None:  # RewindingConsumer's, on faust's
         self.seeks.append(offset)
         self._read_offset[tp] = offset
         self.delivered.pop(tp, None)
+        self.rewound.pop(tp, None)
+
+    def perform_seek(self, committed: int) -> None:  # RewindingConsumer's, on faust's (a rebalance)
+        self._read_offset[SAMPLES] = committed
+        self.delivered.clear()
+        self.rewound.clear()
 
     async def _add_gap(self, tp: TP, first: int, last: int) -> None:
         self.gaps.append((first, last))
@@ -245,3 +257,24 @@ async def test_records_the_fetch_skipped_around_a_rebalance_are_read_again_in_or
     await _drain_messages(consumer, SimpleNamespace(_stopped=SimpleNamespace(is_set=lambda: False)))
     assert consumer.seeks == [21] and consumer.gaps == [(21, 274)]
     assert [m.offset for m in consumer.inbox.items] == [275, 276]
+
+
+async def test_a_second_rebalance_before_the_records_come_reads_them_again_too():
+    """Workers joining one after another: faust seeks back to 21 again before the records read again arrive, and
+    drops them again. That is a new seek, not the broker lacking the records (no gap), and 21.. still come in order."""
+    from streams.runtime.delivery import _drain_messages
+
+    consumer = FetchingConsumer([[275]], read=21)
+    consumer.fetches += [lambda: consumer.perform_seek(21), [300], list(range(21, 302))]
+    await _drain_messages(consumer, SimpleNamespace(_stopped=SimpleNamespace(is_set=lambda: False)))
+    assert consumer.seeks == [21, 21] and consumer.gaps == []
+    assert [m.offset for m in consumer.inbox.items] == list(range(21, 302))
+
+
+async def test_a_compacted_range_between_seeks_is_faust_s_gap():
+    from streams.runtime.delivery import _drain_messages
+
+    consumer = FetchingConsumer([[21, 22, 30, 31]], read=21)
+    await _drain_messages(consumer, SimpleNamespace(_stopped=SimpleNamespace(is_set=lambda: False)))
+    assert consumer.seeks == [] and consumer.gaps == [(23, 29)]
+    assert [m.offset for m in consumer.inbox.items] == [21, 22, 30, 31]
