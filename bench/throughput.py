@@ -36,6 +36,7 @@ from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator, simulate
 from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic, stable_members
+from core.kafka_admin import delete_prefixed
 from core.logs import quiet_transient_client_logs
 from fleetpulse.broker import broker_for
 from core.settings import CommonSettings
@@ -331,6 +332,9 @@ async def worker_runs(args, tmp: Path) -> dict:
                 rate["per_s"] = round(rate["per_s"] * unit.get(topic, 1.0)) if rate["per_s"] else None
             runs[name].append(run)
             print(name, json.dumps(runs[name][-1]), file=sys.stderr)
+            # ~50 topics of 8 partitions a run: left behind, the 4th run's publishing met NotLeaderForPartition for
+            # ~110 s on this machine's broker
+            await delete_prefixed(settings.kafka_client_args(), settings.topic_prefix)
 
     def median(rs: list[dict], topic: str) -> float | None:
         vals = [r["topics"][topic]["per_s"] for r in rs if "topics" in r and r["topics"][topic]["per_s"]]
