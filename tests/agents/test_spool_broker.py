@@ -76,8 +76,10 @@ async def _outage(broker: LocalKafka, pub: SpoolingPublisher, published: Counter
     total = lambda: sum(published.values())  # noqa: E731
     await until(lambda: sum(pub.sent.values()) >= 300 and pub.connected, "300 records acknowledged first", 30)
 
-    await asyncio.to_thread(broker.stop)  # mid-stream; the producer has records in flight
+    # read before the stop, not after: on a busy machine the broker's JVM took over stall_after_s to stop, and the
+    # publisher had already counted the outage when the stop returned (CI, 2026-12-04)
     at_stop, spooled_before, outages_before = total(), pub.spooled, pub.outages
+    await asyncio.to_thread(broker.stop)  # mid-stream; the producer has records in flight
     await until(lambda: pub.spooled >= spooled_before + 300 and total() >= at_stop + 400,
                 "records spooled during the outage", 30)
     assert not pub.connected and pub.outages == outages_before + 1
