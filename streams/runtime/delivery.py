@@ -112,8 +112,10 @@ async def _drain_messages(self, fetcher) -> None:  # the fetch loop: every broke
                     offset = message.offset
                     r_offset = get_read_offset(tp)
                     if r_offset is None or offset >= r_offset:
-                        if r_offset is not None and offset > r_offset and acks_enabled_for(message.topic):
-                            act = jump(offset, r_offset, delivered.get(tp), rewound.get(tp))
+                        last = delivered.get(tp)
+                        if (r_offset is not None and offset > r_offset and (offset > r_offset + 1 or last != r_offset)
+                                and acks_enabled_for(message.topic)):  # not the record after the last: see jump
+                            act = jump(offset, r_offset, last, rewound.get(tp))
                             if act is not None and act[0] == "again":
                                 rewinding.add(tp)
                                 await _read_again(self, tp, act[1], offset, rewound)
@@ -181,7 +183,6 @@ async def _read_again(consumer, tp, first: int, offset: int, rewound: dict) -> N
         log.info("%s[%d] is no longer assigned (%r): not read again here", tp.topic, tp.partition, exc)
         return
     rewound[tp] = first
-    consumer.refetched = getattr(consumer, "refetched", 0) + 1
 
 
 def inboxes(app) -> dict[str, tuple]:
