@@ -140,9 +140,9 @@ class NcclTiming(BaseModel):
 
 def ranks_in_world(t: Mapping[str, Any]) -> str | None:
     """Every rank of a step record numbers one member of its communicator."""
-    for r in t["ranks"]:
-        if r["rank"] >= t["world_size"]:
-            return f"ranks: rank {r['rank']} is not below world_size {t['world_size']}"
+    top = max((r["rank"] for r in t["ranks"]), default=-1)
+    if top >= t["world_size"]:
+        return f"ranks: rank {top} is not below world_size {t['world_size']}"
     return None
 
 

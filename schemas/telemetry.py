@@ -105,12 +105,11 @@ class GpuReading(BaseModel):
 def unique_gpu_indices(s: Mapping[str, Any]) -> str | None:
     """A GPU appears once per sample: two readings for one index would be two rows with one key, and the rules
     would take the second for the first GPU's next reading."""
-    seen: set[int] = set()
-    for g in s["gpus"]:
-        if g["index"] in seen:
-            return f"gpus: index {g['index']} appears twice"
-        seen.add(g["index"])
-    return None
+    indices = [g["index"] for g in s["gpus"]]
+    if len(set(indices)) == len(indices):
+        return None
+    twice = next(i for k, i in enumerate(indices) if i in indices[:k])
+    return f"gpus: index {twice} appears twice"
 
 
 class HostSample(BaseModel):

@@ -181,14 +181,21 @@ class Validator:
         return value
 
     def _not_ahead(self, value: dict) -> None:
-        stamps = [value[self._ts]] if self._ts is not None and value.get(self._ts) is not None else []
+        deadline = time.time() + max_future_s()
+        ts = value.get(self._ts) if self._ts is not None else None
+        if ts is not None and ts > deadline:
+            self._ahead(ts, deadline)
         if self._nested_ts is not None:
-            stamps += [item["ts"] for item in value.get(self._nested_ts) or () if item.get("ts") is not None]
-        now, limit = time.time(), max_future_s()
-        for ts in stamps:
-            if ts > now + limit:
-                raise DecodeError(f"invalid {self.model.__name__}: ts {ts!r} is {(ts - now) / 3600:.1f} h ahead of "
-                                  f"this consumer's clock (FLEETPULSE_MAX_FUTURE_S={limit:g})")
+            for item in value.get(self._nested_ts) or ():
+                ts = item.get("ts")
+                if ts is not None and ts > deadline:
+                    self._ahead(ts, deadline)
+
+    def _ahead(self, ts: float, deadline: float) -> None:
+        limit = max_future_s()
+        now = deadline - limit
+        raise DecodeError(f"invalid {self.model.__name__}: ts {ts!r} is {(ts - now) / 3600:.1f} h ahead of "
+                          f"this consumer's clock (FLEETPULSE_MAX_FUTURE_S={limit:g})")
 
 
 @functools.cache

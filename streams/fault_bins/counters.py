@@ -134,6 +134,7 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
         driver_changed = f"driver version changed from {st.driver} to {driver}"
     if driver is not None and driver != st.driver:
         st.driver, st.dirty = driver, True
+    gpus = st.gpus
     for g in s["gpus"]:
         key = _KEYS[g["index"]]
         present.add(key)
@@ -141,9 +142,9 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
             cur = list(_READ(g))
         except KeyError:  # a reading that leaves optional fields out
             cur = [g.get(f) for f in FIELDS]
-        memo, uuid = st.memo(key), g.get("uuid")
-        if memo.uuid and uuid and memo.uuid != uuid:  # another card in this slot: its history is not this one's
-            memo = st.gpus[key] = GpuMemo()
+        memo, uuid = gpus.get(key), g.get("uuid")
+        if memo is None or (memo.uuid and uuid and memo.uuid != uuid):  # new, or another card in this slot
+            memo = gpus[key] = GpuMemo()
         last = memo.last
         if memo.lost:
             memo.rebooted(ts, f"returned at {ts:.3f} after being lost since {memo.missing_since:.3f}", config)

@@ -235,10 +235,15 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
     row_key = np.array(row_host, dtype=np.int64) * _GPUS + m[:, _IDX].astype(np.int64)
     new: dict[str, SubjectState] = {}
     alerts: list[Alert] = []
+    held: dict[str, list[int]] = {}  # alertname -> row keys of this batch's GPUs that hold state for it
+    for h, st in state.items():
+        if st.alerts and h in host_num:
+            for k in st.alerts:
+                gpu, _, name = k.partition("/")
+                held.setdefault(name, []).append(host_num[h] * _GPUS + int(gpu))
     for rule in config.rules:
         value, threshold, below, on, off, known = _rule_arrays(rule, m, throttle)
-        live = [host_num[h] * _GPUS + int(k.split("/")[0]) for h, st in state.items() if h in host_num
-                for k in st.alerts if k.endswith("/" + rule.alertname)]  # GPUs of this batch with state
+        live = held.get(rule.alertname, [])
         # Only rows of GPUs that are over the threshold now or hold state for this rule need the state machine.
         hot = np.isin(row_key, np.concatenate([row_key[on], np.asarray(live, dtype=np.int64)])) & known
         for r in np.flatnonzero(hot):  # unknown readings (None) never step an alert
