@@ -34,8 +34,8 @@ from schemas.topics import INTERNAL
 from streams.app import app_id, create_app, default_workdir, metrics_of, stage_lag
 from streams.metrics_server import serve
 from streams.registry import STAGES, WORKERS, select, workers
-from streams.runtime.recovery import recovery_stall
-from streams.runtime.report import report
+from streams.runtime.recovery import ReRead, recovery_stall
+from streams.runtime.report import partitions_report, report
 from streams.settings import streams_settings
 
 log = logging.getLogger("fleetpulse.streams")
@@ -226,10 +226,13 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
         """A task of its own, not an app timer: faust starts its timers only after the first recovery, which a
         restarted worker's is."""
         limit = settings.streams_recovery_stall_s
+        reread = ReRead(app, settings.streams_recovery_reread_s, report=partitions_report)
         while not gave_up:
             await asyncio.sleep(5.0)
             try:
                 stall = recovery_stall(app, time.monotonic(), limit, rebalanced_at[0])
+                if stall is None:
+                    await reread.check(time.monotonic(), rebalanced_at[0])
             except Exception as exc:  # noqa: BLE001 - a faust without this bookkeeping: say so once, watch no more
                 log.warning("table recovery watchdog off: %r", exc)
                 return

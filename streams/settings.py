@@ -37,6 +37,11 @@ class StreamsSettings(CommonSettings):
                                             "(exit 1) so its restart recovers afresh (streams/runtime/recovery.py); "
                                             "above faust's 90 s broker request timeout, which each of recovery's "
                                             "offset reads may take")
+    streams_recovery_reread_s: float = Field(default=30.0, ge=1, le=3600, description="a table recovery that has "
+                                             "records left and has received none for this long reads its stuck "
+                                             "changelog partitions again from their last applied record, once per "
+                                             "stall, before the stall limit stops the worker "
+                                             "(streams/runtime/recovery.py ReRead)")
     streams_telemetry_processes: int = Field(default=1, ge=1, le=64, description="telemetry worker processes "
                                              "`fleetpulse streams` runs in the one consumer group, a share of the "
                                              "partitions each (not with --worker): up to one per core scales the "

@@ -6,14 +6,19 @@ changelog partition, its own included, for as long as it runs ("No event receive
 start"), so the worker processes nothing. A fresh worker recovers the same changelogs at start-up, so the worker stops
 (exit 1, like a crashed stage) once recovery has had records left and received none for
 FLEETPULSE_STREAMS_RECOVERY_STALL_S, counted from the recovery's start, its newest record or the last rebalance,
-whichever is latest, and its supervisor starts it again. A recovery that is slow but moving is left alone. Reads
-faust's Recovery bookkeeping (`_recovery_started_at`, `_active_events_received_at`, `active_remaining`, all on
-faust's time.monotonic clock): faust is pinned.
+whichever is latest, and its supervisor starts it again. A recovery that is slow but moving is left alone. Before
+that, ReRead reads the stuck changelog partitions again (FLEETPULSE_STREAMS_RECOVERY_REREAD_S, below). Reads faust's
+Recovery bookkeeping (`_recovery_started_at`, `_active_events_received_at`, `active_remaining`, `active_offsets`, all
+on faust's time.monotonic clock): faust is pinned.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
+
+log = logging.getLogger("fleetpulse.streams.runtime")
 
 
 def stalled(remaining: int, started_at: float | None, events_at: Iterable[float], now: float,
@@ -33,6 +38,62 @@ def recovery_stall(app, now: float, limit_s: float, rebalanced_at: float = 0.0) 
     if not recovery.in_recovery:
         return None
     remaining = sum(max(n, 0) for n in recovery.active_remaining().values())  # a partition read past its mark: 0
-    events = [*getattr(recovery, "_active_events_received_at", {}).values(), rebalanced_at]
-    idle = stalled(remaining, getattr(recovery, "_recovery_started_at", None), events, now, limit_s)
+    idle = stalled(remaining, getattr(recovery, "_recovery_started_at", None), _news(recovery, rebalanced_at), now,
+                   limit_s)
     return None if idle is None else (idle, remaining)
+
+
+def _news(recovery, rebalanced_at: float) -> list[float]:
+    return [*getattr(recovery, "_active_events_received_at", {}).values(), rebalanced_at]
+
+
+def stuck_partitions(app) -> dict:
+    """The recovery's active changelog partitions with records left, each with where to read it again from: its last
+    applied record, which recovery skips as applied (0 where it applied none), as recovery's own seek does."""
+    recovery = app.tables.recovery
+    offsets = recovery.active_offsets
+    return {tp: max(offsets.get(tp, -1), 0) for tp, left in recovery.active_remaining().items() if left > 0}
+
+
+class ReRead:
+    """Before the watchdog gives up on a stalled recovery: once per stall, after `after_s` without a record, log what
+    the consumer holds of the stuck changelog partitions and seek them back to their last applied record.
+
+    Why: faust 0.15.3's getmany drops the records it fetched when the group's generation changes while it hands them
+    out, or when their partition is not active at that moment, and the fetch position has moved past them; on a
+    stream topic that lost records (streams/runtime/delivery.py reads them again), and a changelog partition whose
+    records recovery waits for would wait for ever. A seek to the last applied record is the position recovery sets
+    itself, so it is harmless whatever the cause: if records then come, recovery goes on without the worker's restart;
+    if none do, the watchdog stops the worker at FLEETPULSE_STREAMS_RECOVERY_STALL_S as before. The logged rows (fetch
+    position, high watermark, paused) say which it was."""
+
+    seek_timeout_s = 15.0
+
+    def __init__(self, app, after_s: float, report=None):
+        self.app, self.after_s, self.report = app, after_s, report
+        self.done_for: float | None = None  # the start of the stall read again (its last record, start or rebalance)
+
+    async def check(self, now: float, rebalanced_at: float = 0.0) -> dict | None:
+        """The partitions read again now, if any."""
+        recovery = self.app.tables.recovery
+        stall = recovery_stall(self.app, now, self.after_s, rebalanced_at)
+        if stall is None:
+            return None
+        since = max([getattr(recovery, "_recovery_started_at", None) or 0.0, *_news(recovery, rebalanced_at)])
+        if self.done_for == since:
+            return None
+        self.done_for = since
+        targets = stuck_partitions(self.app)
+        if not targets:
+            return None
+        shown = self.report(self.app, targets) if self.report is not None else ""
+        log.warning("table recovery received no changelog record for %.0fs with %d left to read: reading %s again "
+                    "from its last applied record\n%s", *stall,
+                    ", ".join(f"{tp.topic}[{tp.partition}]@{offset}" for tp, offset in sorted(targets.items())),
+                    shown)
+        try:  # the watchdog's loop must go on to its stop, whatever the seek meets
+            await asyncio.wait_for(self.app.consumer.seek_wait(targets), timeout=self.seek_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - revoked meanwhile, a broker timeout: the stall limit still holds
+            log.warning("reading the stuck changelog partitions again failed: %r", exc)
+            return None
+        return targets

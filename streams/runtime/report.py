@@ -15,17 +15,18 @@ def _get(f, default="?"):
         return default
 
 
-def partition_rows(app) -> list[dict]:
-    """One row per assigned partition of the streams' input topics (changelogs left out): faust's view (active, paused,
-    buffered, read, committed, acknowledged and not yet committed) and aiokafka's (fetch position, paused, high
-    watermark)."""
+def partition_rows(app, tps: Iterable | None = None) -> list[dict]:
+    """One row per assigned partition of the streams' input topics (changelogs left out), or per partition of `tps`:
+    faust's view (active, paused, buffered, read, committed, acknowledged and not yet committed), aiokafka's (fetch
+    position, paused, high watermark) and, for a changelog in recovery, the last record recovery applied."""
     consumer = app.consumer
     acking = app.topics.acks_enabled_for
     client = _get(lambda: consumer._thread._ensure_consumer(), None)
     active = _get(lambda: consumer._active_partitions, None)  # None: not worked out yet (reading it would set it)
+    applied = _get(lambda: app.tables.recovery.active_offsets, {})
     rows = []
-    for tp in sorted(_get(consumer.assignment, set())):
-        if not acking(tp.topic):
+    for tp in sorted(_get(consumer.assignment, set()) if tps is None else tps):
+        if tps is None and not acking(tp.topic):
             continue
         state = _get(lambda: client._subscription.subscription.assignment.state_value(tp), None)
         acked = _get(lambda: consumer._acked.get(tp) or [], [])
@@ -40,7 +41,14 @@ def partition_rows(app) -> list[dict]:
             "fetch_paused": _get(lambda: state.paused),
             "highwater": _get(lambda: consumer.highwater(tp)),
         })
+        if tp in applied:
+            rows[-1]["applied"] = applied[tp]
     return rows
+
+
+def partitions_report(app, tps: Iterable) -> str:
+    """partition_rows of `tps` as text, a line each."""
+    return "\n".join(" ".join(f"{k}={v}" for k, v in r.items()) for r in partition_rows(app, tps))
 
 
 def report(app, lanes: Iterable = ()) -> str:

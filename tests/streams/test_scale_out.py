@@ -42,6 +42,7 @@ HOSTS = [f"h{h:02d}" for h in range(24)]  # every host's GPU 5 runs away: both w
 def start(name: str, tmp: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2",
            "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": "0.5", "FLEETPULSE_STREAMS_RECOVERY_STALL_S": "20",
+           "FLEETPULSE_STREAMS_RECOVERY_REREAD_S": "5",
            "FLEETPULSE_STREAMS_METRICS_PORT": str(port), "FLEETPULSE_STREAMS_METRICS_ADDR": "127.0.0.1"}
     return subprocess.Popen([sys.executable, "-m", "streams.cli", "--worker", "telemetry", "--workdir",
                              str(tmp / name)], cwd=REPO, env=env, stdout=(tmp / f"{name}.log").open("ab"),
