@@ -39,9 +39,10 @@ class StreamsSettings(CommonSettings):
                                             "offset reads may take")
     streams_recovery_reread_s: float = Field(default=30.0, ge=1, le=3600, description="a table recovery that has "
                                              "records left and has received none for this long reads its stuck "
-                                             "changelog partitions again from their last applied record, once per "
-                                             "stall, before the stall limit stops the worker "
-                                             "(streams/runtime/recovery.py ReRead)")
+                                             "changelog partitions again from the record after the last applied "
+                                             "one, once per stall, at most 3 times per recovery, before the stall "
+                                             "limit stops the worker (streams/runtime/recovery.py ReRead; at or "
+                                             "above FLEETPULSE_STREAMS_RECOVERY_STALL_S: never)")
     streams_telemetry_processes: int = Field(default=1, ge=1, le=64, description="telemetry worker processes "
                                              "`fleetpulse streams` runs in the one consumer group, a share of the "
                                              "partitions each (not with --worker): up to one per core scales the "

@@ -48,52 +48,68 @@ def _news(recovery, rebalanced_at: float) -> list[float]:
 
 
 def stuck_partitions(app) -> dict:
-    """The recovery's active changelog partitions with records left, each with where to read it again from: its last
-    applied record, which recovery skips as applied (0 where it applied none), as recovery's own seek does."""
+    """The recovery's active changelog partitions with records left, each with where to read it again from: the
+    record after its last applied one (its first where it applied none). Not the applied record itself, where
+    recovery's own seek goes: fetched again, recovery would skip it but count it as news, and a stall that never
+    ends would look like one that moves."""
     recovery = app.tables.recovery
     offsets = recovery.active_offsets
-    return {tp: max(offsets.get(tp, -1), 0) for tp, left in recovery.active_remaining().items() if left > 0}
+    return {tp: max(offsets[tp] + 1, 0) for tp, left in recovery.active_remaining().items()
+            if left > 0 and tp in offsets}
 
 
 class ReRead:
     """Before the watchdog gives up on a stalled recovery: once per stall, after `after_s` without a record, log what
-    the consumer holds of the stuck changelog partitions and seek them back to their last applied record.
+    the consumer holds of the stuck changelog partitions and seek each back to the record after its last applied one.
 
     Why: faust 0.15.3's getmany drops the records it fetched when the group's generation changes while it hands them
     out, or when their partition is not active at that moment, and the fetch position has moved past them; on a
     stream topic that lost records (streams/runtime/delivery.py reads them again), and a changelog partition whose
-    records recovery waits for would wait for ever. A seek to the last applied record is the position recovery sets
-    itself, so it is harmless whatever the cause: if records then come, recovery goes on without the worker's restart;
-    if none do, the watchdog stops the worker at FLEETPULSE_STREAMS_RECOVERY_STALL_S as before. The logged rows (fetch
-    position, high watermark, paused) say which it was."""
+    records recovery waits for would wait for ever. The seek goes to the record after the last one applied, where
+    recovery would read on anyway (should it land while recovery is still setting up, recovery's own seek comes after
+    it): if records then come, recovery goes on without the worker's restart; if none do, the watchdog stops the worker
+    at FLEETPULSE_STREAMS_RECOVERY_STALL_S as before (at most `most` re-reads per recovery, so a stall that records
+    keep breaking and resuming still ends in the stop). The logged rows (fetch position, high watermark, paused) say
+    which it was. A value of `after_s` at or above the stall limit leaves the stop alone. Whatever fails in here is
+    logged and leaves the stop to the watchdog."""
 
     seek_timeout_s = 15.0
+    most = 3
 
     def __init__(self, app, after_s: float, report=None):
         self.app, self.after_s, self.report = app, after_s, report
         self.done_for: float | None = None  # the start of the stall read again (its last record, start or rebalance)
+        self.count: tuple[float | None, int] = (None, 0)  # re-reads since the recovery's start
 
     async def check(self, now: float, rebalanced_at: float = 0.0) -> dict | None:
         """The partitions read again now, if any."""
+        try:
+            return await self._check(now, rebalanced_at)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic and a retry: never in the way of the stop
+            log.warning("reading a stalled recovery's changelog partitions again failed: %r", exc)
+            return None
+
+    async def _check(self, now: float, rebalanced_at: float) -> dict | None:
         recovery = self.app.tables.recovery
         stall = recovery_stall(self.app, now, self.after_s, rebalanced_at)
         if stall is None:
             return None
-        since = max([getattr(recovery, "_recovery_started_at", None) or 0.0, *_news(recovery, rebalanced_at)])
+        started = getattr(recovery, "_recovery_started_at", None)
+        since = max([started or 0.0, *_news(recovery, rebalanced_at)])
         if self.done_for == since:
             return None
         self.done_for = since
+        n = self.count[1] if self.count[0] == started else 0
+        if n >= self.most:
+            return None
         targets = stuck_partitions(self.app)
         if not targets:
             return None
+        self.count = (started, n + 1)
         shown = self.report(self.app, targets) if self.report is not None else ""
         log.warning("table recovery received no changelog record for %.0fs with %d left to read: reading %s again "
-                    "from its last applied record\n%s", *stall,
+                    "from the record after the last applied one\n%s", *stall,
                     ", ".join(f"{tp.topic}[{tp.partition}]@{offset}" for tp, offset in sorted(targets.items())),
                     shown)
-        try:  # the watchdog's loop must go on to its stop, whatever the seek meets
-            await asyncio.wait_for(self.app.consumer.seek_wait(targets), timeout=self.seek_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - revoked meanwhile, a broker timeout: the stall limit still holds
-            log.warning("reading the stuck changelog partitions again failed: %r", exc)
-            return None
+        await asyncio.wait_for(self.app.consumer.seek_wait(targets), timeout=self.seek_timeout_s)
         return targets
