@@ -9,7 +9,7 @@ resolves once (an alert fired by the one that left, resolved by the one that sta
 fired twice.
 The one that stays recovers the partitions it takes over; should that recovery stall (faust 0.15.3, about once in 18
 handovers), ReRead reads its changelog partitions again after 5 s here and logs their consumer state
-(streams/runtime/recovery.py), and the watchdog's stop at 20 s fails the test.
+(streams/runtime/recovery.py) before the watchdog would stop it at 20 s.
 """
 
 from __future__ import annotations
