@@ -226,7 +226,7 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
         """A task of its own, not an app timer: faust starts its timers only after the first recovery, which a
         restarted worker's is."""
         limit = settings.streams_recovery_stall_s
-        reread = ReRead(app, settings.streams_recovery_reread_s, report=partitions_report)
+        reread = ReRead(app, settings.streams_recovery_reread_s, report=partitions_report, metrics=metrics_of(app))
         while not gave_up:
             await asyncio.sleep(5.0)
             try:

@@ -55,6 +55,7 @@ class MetricsRegistry(dict[str, StageMetrics]):
     def __init__(self):
         super().__init__()
         self.refused: Counter[str] = Counter()
+        self.recovery_rereads = 0  # stalled table recoveries whose changelog partitions were read again (ReRead)
 
     def stage(self, name: str) -> StageMetrics:
         return self.setdefault(name, StageMetrics(name))

@@ -52,6 +52,9 @@ class WorkerMetrics(Collector):
         for topic, n in sorted(self.metrics.refused.items()):
             refused.add_metric([topic], n)
         yield refused
+        yield CounterMetricFamily("fleetpulse_recovery_rereads", "stalled table recoveries whose changelog partitions "
+                                  "were read again from the record after the last applied one (the log has their "
+                                  "consumer state)", value=self.metrics.recovery_rereads)
         if self.lag is not None:
             lag = GaugeMetricFamily("fleetpulse_stage_lag_records", "records on the stage's input partitions that "
                                     "this worker holds and has not processed yet", labels=["stage"])

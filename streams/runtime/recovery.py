@@ -76,8 +76,8 @@ class ReRead:
     seek_timeout_s = 15.0
     most = 3
 
-    def __init__(self, app, after_s: float, report=None):
-        self.app, self.after_s, self.report = app, after_s, report
+    def __init__(self, app, after_s: float, report=None, metrics=None):
+        self.app, self.after_s, self.report, self.metrics = app, after_s, report, metrics  # metrics: MetricsRegistry
         self.done_for: float | None = None  # the start of the stall read again (its last record, start or rebalance)
         self.count: tuple[float | None, int] = (None, 0)  # re-reads since the recovery's start
 
@@ -112,4 +112,6 @@ class ReRead:
                     ", ".join(f"{tp.topic}[{tp.partition}]@{offset}" for tp, offset in sorted(targets.items())),
                     shown)
         await asyncio.wait_for(self.app.consumer.seek_wait(targets), timeout=self.seek_timeout_s)
+        if self.metrics is not None:
+            self.metrics.recovery_rereads += 1
         return targets

@@ -16,7 +16,8 @@ import pytest
 from faust.types import TP
 
 from streams.runtime.recovery import ReRead, recovery_stall, stalled
-from tests.conftest import REPO
+from tests.agents.test_agent_runner import scrape
+from tests.conftest import REPO, free_ports
 
 
 def test_a_recovery_that_received_nothing_since_it_started_stalls_after_the_limit():
@@ -125,6 +126,19 @@ async def test_a_stall_reads_its_stuck_partitions_again_once_from_the_record_aft
     assert await reread.check(now=431.0) == {A: 41, C: 0} and len(consumer.seeks) == 4
 
 
+async def test_each_re_read_is_counted_on_the_worker_s_metrics():
+    from streams.metrics import MetricsRegistry
+    from streams.metrics_server import exposition
+
+    metrics = MetricsRegistry()
+    assert "fleetpulse_recovery_rereads_total 0.0" in exposition(metrics)
+    app = stuck_app({A: 7}, {A: 40}, {}, Consumer())
+    await ReRead(app, after_s=30, metrics=metrics).check(now=41.0)
+    assert "fleetpulse_recovery_rereads_total 1.0" in exposition(metrics)
+    await ReRead(stuck_app({A: 7}, {A: 40}, {}, Consumer(fails=True)), after_s=30, metrics=metrics).check(now=41.0)
+    assert metrics.recovery_rereads == 1  # a seek that failed read nothing again
+
+
 async def test_a_partition_recovery_has_no_offset_for_is_left_to_recovery_s_own_seek():
     app = stuck_app({A: 7, B: 2}, {A: 40}, {}, Consumer())  # B: recovery still setting up (or now a standby)
     assert await ReRead(app, after_s=30).check(now=41.0) == {A: 41}
@@ -141,7 +155,8 @@ async def test_whatever_fails_in_a_re_read_leaves_the_watchdog_to_its_stop():
     assert await ReRead(app, after_s=30, report=broken).check(now=41.0) is None and app.consumer.seeks == []
 
 
-def start_recovering(tmp_path: Path, name: str, reread_s: float, stall_s: float) -> tuple[subprocess.Popen, Path]:
+def start_recovering(tmp_path: Path, name: str, reread_s: float, stall_s: float,
+                     metrics_port: int | None = None) -> tuple[subprocess.Popen, Path]:
     """A telemetry worker whose first fetch holding changelog records loses all but each partition's first record, as
     faust 0.15.3's getmany loses records it fetched: not handed out, the fetch position past them."""
     script = (
@@ -162,6 +177,8 @@ def start_recovering(tmp_path: Path, name: str, reread_s: float, stall_s: float)
     log = tmp_path / f"{name}.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_RECOVERY_REREAD_S": str(reread_s),
            "FLEETPULSE_STREAMS_RECOVERY_STALL_S": str(stall_s)}
+    if metrics_port is not None:
+        env.update(FLEETPULSE_STREAMS_METRICS_PORT=str(metrics_port), FLEETPULSE_STREAMS_METRICS_ADDR="127.0.0.1")
     return subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT), log
 
@@ -198,7 +215,8 @@ async def test_changelog_records_a_fetch_lost_stall_recovery_until_read_again(se
     assert "test: dropped" in text and "table recovery received no changelog record for" in text, text[-3000:]
     assert "Recovery complete" not in text
 
-    proc, log = start_recovering(tmp_path, "with", reread_s=5, stall_s=60)
+    port = free_ports()
+    proc, log = start_recovering(tmp_path, "with", reread_s=5, stall_s=60, metrics_port=port)
     try:
         deadline = time.monotonic() + 90
         while "Recovery complete" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
@@ -207,6 +225,7 @@ async def test_changelog_records_a_fetch_lost_stall_recovery_until_read_again(se
         assert "Recovery complete" in text and proc.poll() is None, text[-3000:]
         assert "test: dropped" in text and "again from the record after the last applied one" in text, text[-3000:]
         assert f"{changelog}[0]@1" in text and "applied=0" in text, text[-3000:]
+        assert scrape(port)[("fleetpulse_recovery_rereads_total", ())] == 1.0  # what monitoring sees of it
     finally:
         proc.terminate()
         proc.wait(30)
