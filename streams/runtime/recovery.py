@@ -95,7 +95,7 @@ class ReRead:
         if stall is None:
             return None
         started = getattr(recovery, "_recovery_started_at", None)
-        since = max([started or 0.0, *_news(recovery, rebalanced_at)])
+        since = max([started, *_news(recovery, rebalanced_at)])  # the start `stalled` counted from (a stall has one)
         if self.done_for == since:
             return None
         self.done_for = since

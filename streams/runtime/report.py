@@ -46,9 +46,14 @@ def partition_rows(app, tps: Iterable | None = None) -> list[dict]:
     return rows
 
 
+def row_lines(app, tps: Iterable | None = None) -> list[str]:
+    """partition_rows as text, a line each."""
+    return [" ".join(f"{k}={v}" for k, v in r.items()) for r in partition_rows(app, tps)]
+
+
 def partitions_report(app, tps: Iterable) -> str:
-    """partition_rows of `tps` as text, a line each."""
-    return "\n".join(" ".join(f"{k}={v}" for k, v in r.items()) for r in partition_rows(app, tps))
+    """The rows of the partitions `tps` (a stalled recovery's changelogs), as text."""
+    return "\n".join(row_lines(app, tps))
 
 
 def report(app, lanes: Iterable = ()) -> str:
@@ -57,8 +62,7 @@ def report(app, lanes: Iterable = ()) -> str:
              f"generation={_get(lambda: app.consumer_generation_id)} "
              f"flow_control_active={_get(lambda: app.flow_control.is_active())} "
              f"unacked={_get(lambda: len(app.consumer._unacked_messages))}"]
-    for r in partition_rows(app):
-        lines.append(" ".join(f"{k}={v}" for k, v in r.items()))
+    lines += row_lines(app)
     for lane in lanes:
         inbox = getattr(lane, "inbox", None)
         if inbox is not None:
