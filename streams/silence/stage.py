@@ -5,8 +5,9 @@ Three steps of one stage, pure and in event time:
 - `seen` (lane `telemetry`: host samples, agent status, node states, all keyed by host) keeps each host's last
   sign of life in memory and tells the fleet step about it on the internal single-partition topic silence-fleet:
   at once when a flag changes (a collector failing, a goodbye, out of service), else every `report_s` of the host's
-  own time. A report carries the host's latest times and only the flags its record proves (the worker's memory of
-  a host may be stale); the fleet step keeps its own durable view of the rest.
+  own time, or of its samples' time (samples read late, behind a status read on time, must reach the fleet step as
+  their partition-mates' do). A report carries the host's latest times and only the flags its record proves (the
+  worker's memory of a host may be stale); the fleet step keeps its own durable view of the rest.
 - `jobs` (lane `nccl`, keyed by job) sends each job's last collective the same way.
 - `fleet` (lane `silence`: silence-fleet) holds every host's and job's view (table `hosts`, table `fleet`; every
   report reaches the changelog, about one per host per `report_s`: after a restart it judges from the views it had),
@@ -72,12 +73,13 @@ def _failing(status: dict, cfg: SilenceConfig) -> dict[str, str]:
 
 def seen_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> list[Emit]:
     """Each record moves its host's sign of life; a report goes out per record that changes a flag, or that moves
-    the host `report_s` past its last report (decided record by record: the same reports in any batches). A report
+    the host, or its samples, `report_s` past its last report (decided record by record: the same reports in any
+    batches). A report
     carries the host's latest times as this worker read them and only the flags the record itself proves (a
     status: failing, goodbye, job; a sample: its job, no goodbye; a node state: in service or not): this worker's
     memory of a host may be stale after its partition went elsewhere and came back; the fleet step keeps the rest."""
     hosts: dict[str, dict] = state.memo.setdefault("hosts", {})
-    sent: dict[str, tuple] = state.memo.setdefault("sent", {})  # host -> (alive_ts, flags) last reported
+    sent: dict[str, tuple] = state.memo.setdefault("sent", {})  # host -> (alive_ts, flags, sample_ts) last reported
     out: list[Emit] = []
     for r in records:
         rec, host = r.value, r.value["host"]
@@ -102,8 +104,9 @@ def seen_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> li
         hosts[host] = cur
         last = sent.get(host)
         flags = (cur["rack"], cur["job"], cur["failing"], cur["bye"], cur["oos"])
-        if last is None or last[1] != flags or cur["alive_ts"] - last[0] >= cfg.report_s:
-            sent[host] = (cur["alive_ts"], flags)
+        if (last is None or last[1] != flags or cur["alive_ts"] - last[0] >= cfg.report_s
+                or cur["sample_ts"] - last[2] >= cfg.report_s):  # samples read late, behind a status read on time
+            sent[host] = (cur["alive_ts"], flags, cur["sample_ts"])
             report = {k: cur[k] for k in TIMES}
             out.append(Emit(SILENCE_FLEET, host.encode(), orjson.dumps({**report, **proven})))
     return out

@@ -234,8 +234,9 @@ async def test_an_agent_whose_nvml_fails_is_a_broken_monitor_not_a_drain(setting
     settings = load(CommonSettings, clickhouse_database=r["database"])
     alerts = _rows(settings, "SELECT ts, host, status, starts_at, summary FROM alerts ORDER BY ts")
     k = r["fault_kinds"]["monitor_broken"]
-    assert (k["recall"], k["precision"]) == (1.0, 1.0), (k, alerts)
-    assert r["alerts"]["pages_by_name"] == {"MonitorBroken": 1} and r["drains"]["requested"] == 0, alerts
+    shown = "\n".join(map(str, [k, *alerts]))  # a str: pytest would cut the repr of a list short
+    assert (k["recall"], k["precision"]) == (1.0, 1.0), shown
+    assert r["alerts"]["pages_by_name"] == {"MonitorBroken": 1} and r["drains"]["requested"] == 0, shown
     assert _rows(settings, "SELECT count() AS n FROM faults WHERE code = 'host_silent'")[0]["n"] in (0, "0")
     failing = _rows(settings, "SELECT host, failing['nvml'] AS error FROM agent_status WHERE length(failing) > 0 "
                               "LIMIT 1")

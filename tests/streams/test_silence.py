@@ -430,3 +430,29 @@ async def test_the_stage_on_the_runtime_judges_with_kafka_time_in_milliseconds(t
         await until(lambda: emitter.to(faults))
     [fault] = [orjson.loads(s.value) for s in emitter.to(faults)]
     assert (fault["host"], fault["code"]) == ("h5", "host_silent")
+
+
+
+def test_samples_of_one_partition_read_late_in_a_burst_are_no_broken_monitor_for_a_host_whose_status_was_on_time():
+    """A broker hiccup holds one samples partition back (160 s of event time, flat out) while the status topic flows.
+    A host on it whose status came on time has spoken without samples; when the partition's samples arrive in a burst,
+    its partition-mates' reports move the partition on, and its own samples, read in the same burst, must reach the
+    fleet step as soon (not with its next status), or it looks like an agent that speaks without samples. Seen in CI:
+    two false MonitorBroken pages in the broken-monitor scenario after NotLeaderForPartition errors."""
+    f = Fleet({"r1": 4, "r2": 4}, partitions=2, wall_per_s=10, wall_wait_s=1.0)
+    f.run(60)
+    held = []
+    for n in range(30):
+        f.t += 10
+        if n == 16:  # the partition is back: its held samples first, in order
+            for late in held:
+                f._feed(f.seen, SAMPLES, "sample", late["host"], late)
+        for host in sorted(f.hosts, key=f.partition.get):  # partition 0 first: the clock moves on before 1 reports
+            if n % 3 == 0 and f.partition[host] == 1 and host.endswith("h1"):  # these hosts' status on time
+                f.status(host)
+            value = {"host": host, "rack": f.hosts[host], "ts": f.t}
+            if f.partition[host] == 1 and n < 16:
+                held.append(value)
+            else:
+                f._feed(f.seen, SAMPLES, "sample", host, value)
+    assert f.faults() == [] and f.alerts() == []
