@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from importlinter import cli
@@ -11,7 +12,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_each_layer_imports_only_the_layers_under_it(monkeypatch, capsys):
     monkeypatch.chdir(REPO)
-    code = cli.lint_imports(config_filename=str(REPO / ".importlinter"), no_cache=True)
+    # importlinter's CLI configures logging with dictConfig, which disables every logger that exists: a later test in
+    # this process (tests/sinks/test_sink_store_refusals.py, under pytest-xdist) then never saw fleetpulse.sink's
+    # warnings. Those loggers are put back as they were.
+    enabled = [lg for lg in logging.root.manager.loggerDict.values()
+               if isinstance(lg, logging.Logger) and not lg.disabled]
+    try:
+        code = cli.lint_imports(config_filename=str(REPO / ".importlinter"), no_cache=True)
+    finally:
+        for lg in enabled:
+            lg.disabled = False
     report = capsys.readouterr().out
     assert code == cli.EXIT_STATUS_SUCCESS, report
     assert "0 broken" in report
