@@ -61,7 +61,8 @@ def kafka_bootstrap(tmp_path_factory):
     """Bootstrap servers of a real broker for this test session.
 
     KAFKA_BOOTSTRAP_SERVERS wins (CI starts the project's broker and exports it); else testcontainers
-    when a Docker engine answers; else the project's local broker, started here and stopped after.
+    when a Docker engine answers; else the project's local broker, started here and stopped after (one per
+    pytest-xdist process: a session fixture is per process).
     """
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
