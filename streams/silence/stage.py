@@ -74,10 +74,10 @@ def _failing(status: dict, cfg: SilenceConfig) -> dict[str, str]:
 def seen_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> list[Emit]:
     """Each record moves its host's sign of life; a report goes out per record that changes a flag, or that moves
     the host, or its samples, `report_s` past its last report (decided record by record: the same reports in any
-    batches). A report
-    carries the host's latest times as this worker read them and only the flags the record itself proves (a
-    status: failing, goodbye, job; a sample: its job, no goodbye; a node state: in service or not): this worker's
-    memory of a host may be stale after its partition went elsewhere and came back; the fleet step keeps the rest."""
+    batches). A report carries the host's latest times as this worker read them and only the flags the record itself
+    proves (a status: failing, goodbye, job; a sample: its job, no goodbye; a node state: in service or not): this
+    worker's memory of a host may be stale after its partition went elsewhere and came back; the fleet step keeps
+    the rest."""
     hosts: dict[str, dict] = state.memo.setdefault("hosts", {})
     sent: dict[str, tuple] = state.memo.setdefault("sent", {})  # host -> (alive_ts, flags, sample_ts) last reported
     out: list[Emit] = []
