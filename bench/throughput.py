@@ -6,7 +6,8 @@
 --stages all runs the whole worker on a simulated fleet (samples, XID, NCCL) and reports records/s per input
 topic from the group's first commit until its lag is 0, beside the raw consume+decode ceiling of those topics;
 --baseline runs another checkout's worker (`git archive <commit> | tar -x -C /tmp/before`) interleaved with it;
---workers N runs N telemetry worker processes in the one consumer group (scale-out: a share of the partitions each).
+--workers N runs N telemetry worker processes in the one consumer group (scale-out: a share of the partitions each),
+--baseline-workers M the baseline's (1 for a tree from before the stream runtime, which runs one).
 
 Uses KAFKA_BOOTSTRAP_SERVERS when set, else starts the project's local broker in a temporary directory.
 Every stage reads the same simulated samples under one fresh topic prefix; figures are medians over
@@ -292,6 +293,12 @@ def baseline_nccl(args) -> str:
     return "steps" if events.exists() and "class NcclStep" in events.read_text() else "per_rank"
 
 
+def workers_of(args, tree: str) -> int:
+    """Worker processes of a tree: --workers, or --baseline-workers for the baseline (a tree from before
+    --telemetry-processes runs one)."""
+    return args.baseline_workers if tree == "before" and args.baseline_workers else args.workers
+
+
 async def worker_runs(args, tmp: Path) -> dict:
     """The worker on a simulated fleet (samples, XID, NCCL), this tree and --baseline's side by side, interleaved.
 
@@ -316,13 +323,15 @@ async def worker_runs(args, tmp: Path) -> dict:
             if NCCL in inputs and report.sent.get(NCCL.name):
                 unit[NCCL.name] = report.nccl_timings / report.sent[NCCL.name]
             n = sum(report.sent[t.name] for t in inputs)
-            seconds, _, cpu_s = await consume_raw(settings, n, inputs, keep=False)  # the ceiling of this very publication
+            # the ceiling of this very publication
+            seconds, _, cpu_s = await consume_raw(settings, n, inputs, keep=False)
             ceiling[name].append({t.name: report.sent[t.name] * unit[t.name] / seconds for t in inputs})
             ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * cpu_s / report.sent[SAMPLES.name]
             profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
             run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
                                       cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval,
-                                      workers=args.workers, logs=args.worker_logs and args.worker_logs / f"{name}.{k}")
+                                      workers=workers_of(args, name),
+                                      logs=args.worker_logs and args.worker_logs / f"{name}.{k}")
             # CPU per host sample with its share of NCCL: robust to what the machine gave the run
             if "cpu_s" in run and run["topics"][SAMPLES.name]["after_first_commit"]:
                 samples = run["topics"][SAMPLES.name]["after_first_commit"]
@@ -344,7 +353,7 @@ async def worker_runs(args, tmp: Path) -> dict:
 
     out = {"data": {"hosts": args.hosts, "ticks": args.ticks, "nccl_interval": args.nccl_interval,
                     "sent": report.sent, "nccl_timings": report.nccl_timings, "stages": args.stages,
-                    "workers": args.workers,
+                    "workers": args.workers, "baseline_workers": workers_of(args, "before") if args.baseline else None,
                     "units": "samples/s; NCCL: rank timings/s",
                     "baseline_nccl": baseline_nccl(args) if args.baseline is not None else None}}
     for name, rs in runs.items():
@@ -448,6 +457,8 @@ if __name__ == "__main__":
                    help="the worker's offset commit interval, seconds (progress is seen at commits; faust's is 2.8)")
     p.add_argument("--workers", type=int, default=1,
                    help="telemetry worker processes in the one group, each taking a share of the partitions")
+    p.add_argument("--baseline-workers", type=int, help="the --baseline tree's worker processes (default: --workers; 1 "
+                   "for a tree whose `fleetpulse streams` has no --worker)")
     p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at "
                    "PATH.<tree>.<k>.json (with --workers: PATH.<tree>.<k>.w<n>.json for the n-th extra process)")
     p.add_argument("--worker-logs", type=Path, help="a folder for each worker process's log, <tree>.<k>.w<n>.log")
@@ -455,7 +466,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     if a.worker_logs:
         a.worker_logs.mkdir(parents=True, exist_ok=True)
-    if a.workers < 1:
-        p.error("--workers must be at least 1")
+    if a.workers < 1 or (a.baseline_workers is not None and a.baseline_workers < 1):
+        p.error("--workers and --baseline-workers must be at least 1")
     quiet_transient_client_logs()
     save(asyncio.run(main(a)), a.out)
