@@ -4,8 +4,10 @@ On a new topic, a leader election or a rebalance, aiokafka logs ERRORs and WARNI
 `GroupCoordinatorNotAvailableError`, `Unable connect to node`) for states it retries and heals by itself within
 seconds; an operator reading them cannot tell them from a real fault, which drowns in them. So a condition like that
 is logged at DEBUG while it is new; if it lasts `grace_s` it is shown, once per `every_s`, with how long it has lasted
-(a broker really down, a topic never created). Anything else — an authentication failure, a record too large — passes
-untouched.
+and how often it was seen (a broker really down, a topic never created). It lasts while it comes back within `gap_s`:
+a client retrying a state that does not heal logs it every second or so, while brief states a minute apart (each new
+topic's leader election, a benchmark's runs) are separate episodes, each new, and were once shown as one outage of
+minutes. Anything else — an authentication failure, a record too large — passes untouched.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ CLIENT_LOGGERS = ("aiokafka", "kafka", "faust.transport")
 class TransientClientNoise(logging.Filter):
     """Demotes self-healing client states to DEBUG until they have lasted `grace_s` (see the module's doc)."""
 
-    def __init__(self, grace_s: float = 60.0, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, grace_s: float = 60.0, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 gap_s: float = 15.0):
         super().__init__()
-        self.grace_s, self.every_s, self.clock = grace_s, every_s, clock
-        self.episodes: dict[str, list[float]] = {}  # condition -> [began, last seen, last shown]
+        self.grace_s, self.every_s, self.gap_s, self.clock = grace_s, every_s, gap_s, clock
+        self.episodes: dict[str, list[float]] = {}  # condition -> [began, last seen, last shown, times seen]
         self.demoted = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -43,15 +46,16 @@ class TransientClientNoise(logging.Filter):
             return True
         kind, now = match.group(0).split(" ")[0], self.clock()
         episode = self.episodes.get(kind)
-        if episode is None or now - episode[1] > self.grace_s:  # quiet for a while: a new episode
-            episode = self.episodes[kind] = [now, now, -math.inf]
+        if episode is None or now - episode[1] > self.gap_s:  # not seen for gap_s: that one ended, this one is new
+            episode = self.episodes[kind] = [now, now, -math.inf, 0]
         episode[1] = now
+        episode[3] += 1
         if now - episode[0] < self.grace_s or now - episode[2] < self.every_s:
             self.demoted += 1
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         episode[2] = now
-        record.msg = f"[{kind} for {now - episode[0]:.0f} s] {record.msg}"
+        record.msg = f"[{kind} for {now - episode[0]:.0f} s, {episode[3]} times] {record.msg}"
         return True
 
 
