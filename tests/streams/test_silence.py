@@ -432,7 +432,6 @@ async def test_the_stage_on_the_runtime_judges_with_kafka_time_in_milliseconds(t
     assert (fault["host"], fault["code"]) == ("h5", "host_silent")
 
 
-
 def test_samples_of_one_partition_read_late_in_a_burst_are_no_broken_monitor_for_a_host_whose_status_was_on_time():
     """A broker hiccup holds one samples partition back (160 s of event time, flat out) while the status topic flows.
     A host on it whose status came on time has spoken without samples; when the partition's samples arrive in a burst,
