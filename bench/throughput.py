@@ -7,7 +7,10 @@
 topic from the group's first commit until its lag is 0, beside the raw consume+decode ceiling of those topics;
 --baseline runs another checkout's worker (`git archive <commit> | tar -x -C /tmp/before`) interleaved with it;
 --workers N runs N telemetry worker processes in the one consumer group (scale-out: a share of the partitions each),
---baseline-workers M the baseline's (1 for a tree from before the stream runtime, which runs one).
+--baseline-workers M the baseline's (1 for a tree from before the stream runtime, which runs one). --warmup K rounds
+(default 1) run first, unmeasured, each tree's: a fresh broker's JIT compiler takes ~0.3-0.6 of a core for the first
+minute or more, which a scaled-out worker that fills both cores feels and a one-core consumer does not. Each run says
+how many cores the broker used meanwhile (`broker_cores`, beside the ceiling's), when the bench started it.
 
 Uses KAFKA_BOOTSTRAP_SERVERS when set, else starts the project's local broker in a temporary directory.
 Every stage reads the same simulated samples under one fresh topic prefix; figures are medians over
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import signal
@@ -39,7 +43,7 @@ from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic, stable_members
 from core.kafka_admin import delete_prefixed
 from core.logs import quiet_transient_client_logs
-from fleetpulse.broker import broker_for
+from fleetpulse.broker import LocalKafka, broker_for
 from core.settings import CommonSettings
 from schemas.json_intake import INTAKES, SETTINGS as INTAKE_FORMAT_SETTINGS
 from schemas.tables import TABLES
@@ -89,6 +93,27 @@ async def consume_raw(settings: CommonSettings, expected: int, topics: tuple[Top
         await consumer.stop()
 
 
+def local_broker_pid(tmp: Path) -> int | None:
+    """The pid of the broker this bench started under `tmp` (None: KAFKA_BOOTSTRAP_SERVERS named another)."""
+    try:
+        return json.loads(LocalKafka(tmp / "data").pid_file.read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (Linux /proc; none where it cannot be read)."""
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of one process so far (Linux /proc); NaN where it cannot be read."""
     try:
@@ -106,7 +131,7 @@ def worker_topics(settings: CommonSettings, stages: str) -> dict[str, int]:
 
 async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, int], *, stages: str = "power_thermal",
                         cwd: Path | None = None, profile: Path | None = None, commit_interval_s: float = 0.5,
-                        workers: int = 1, logs: Path | None = None) -> dict:
+                        workers: int = 1, logs: Path | None = None, broker_pid: int | None = None) -> dict:
     """Run `fleetpulse streams` (from `cwd`'s tree when given) until its group has committed every input record.
 
     Per topic: records left at the group's first commit / seconds from then until the topic's lag is 0. Progress is
@@ -118,6 +143,8 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
     worker, as `fleetpulse streams` does), each taking a share of the partitions; timed from the first commit after
     every one of them is a member of the settled group, so the first one's head start and the rebalances as the others
     join are left out. CPU is the telemetry processes' together. `logs`: each process's output to `logs`.w<k>.log.
+    `broker_pid`: the local broker's process, whose cores over the same span are reported beside the workers' and
+    those of the processes they started (the decisions worker): all share the machine's cores.
     """
     from streams.app import app_id
 
@@ -140,6 +167,12 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
     def cpu() -> float:  # the telemetry workers' own processes (with py-spy: py-spy's)
         return sum(cpu_seconds(p.pid) for p in procs)
 
+    def others() -> float:  # the processes they started: the decisions worker (with py-spy: the workers)
+        return sum(cpu_seconds(c) for p in procs for c in child_pids(p.pid))
+
+    def broker() -> float:
+        return cpu_seconds(broker_pid) if broker_pid else math.nan
+
     watch = OffsetWatch(settings.kafka_client_args(), topics)
     await watch.start()
     group = app_id(settings.topic_prefix)
@@ -161,10 +194,10 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
             if settled is None and stable:
                 settled = sum(ends.values()) if workers == 1 else sum(left.values())
             if first is None and settled is not None and sum(left.values()) < settled:  # a commit after it settled
-                first = (now, dict(left), cpu())
+                first = (now, dict(left), cpu(), others(), broker())
             caught.update((t, now) for t, n in left.items() if n == 0 and t not in caught)
             if len(caught) == len(ends) and first is not None:
-                used = cpu() - first[2]
+                used, others_used, broker_used = cpu() - first[2], others() - first[3], broker() - first[4]
             if (len(caught) == len(ends) or now - started > 900 or any(p.poll() is not None for p in procs)):
                 break
             await asyncio.sleep(0.2)
@@ -187,8 +220,12 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
         name = topic.removeprefix(settings.topic_prefix)
         rates[name] = {"records": ends[topic], "after_first_commit": n,
                        "per_s": round(n / max(caught[topic] - first[0], 1e-9)) if n else None}
-    return {"startup_s": round(first[0] - started, 2), "seconds": round(max(caught.values()) - first[0], 2),
-            "cpu_s": round(used, 2), "workers": workers, "topics": rates}
+    seconds = max(caught.values()) - first[0]
+    out = {"startup_s": round(first[0] - started, 2), "seconds": round(seconds, 2), "cpu_s": round(used, 2),
+           "workers": workers, "topics": rates, "other_worker_cores": round(others_used / max(seconds, 1e-9), 2)}
+    if broker_pid:
+        out["broker_cores"] = round(broker_used / max(seconds, 1e-9), 2)
+    return out
 
 
 
@@ -308,44 +345,55 @@ async def worker_runs(args, tmp: Path) -> dict:
     inputs = (SAMPLES, NCCL, XID) if args.stages == "all" else (SAMPLES,)
     runs: dict[str, list] = {name: [] for name in trees}
     ceiling: dict[str, list] = {name: [] for name in trees}
-    for k in range(args.repeat):
-        for name in (list(trees) if k % 2 == 0 else list(trees)[::-1]):
-            env = namespace(tmp)
-            os.environ.update(env)
-            settings = CommonSettings()
-            # The baseline worker reads NCCL as the per-rank records it was written for; NCCL rates below are rank
-            # timings per second either way (records/s x timings per record), so the two trees compare.
-            per_rank = name == "before" and baseline_nccl(args) == "per_rank"
-            report = await simulate(settings, hosts=args.hosts, duration=args.ticks, speed=0, seed=7,
-                                    start_ts=time.time() - args.ticks, nccl_interval=args.nccl_interval,
-                                    per_rank_nccl=per_rank)
-            unit = {t.name: 1.0 for t in inputs}
-            if NCCL in inputs and report.sent.get(NCCL.name):
-                unit[NCCL.name] = report.nccl_timings / report.sent[NCCL.name]
-            n = sum(report.sent[t.name] for t in inputs)
-            # the ceiling of this very publication
-            seconds, _, cpu_s = await consume_raw(settings, n, inputs, keep=False)
-            ceiling[name].append({t.name: report.sent[t.name] * unit[t.name] / seconds for t in inputs})
-            ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * cpu_s / report.sent[SAMPLES.name]
-            profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
-            run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
-                                      cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval,
-                                      workers=workers_of(args, name),
-                                      logs=args.worker_logs and args.worker_logs / f"{name}.{k}")
-            # CPU per host sample with its share of NCCL: robust to what the machine gave the run
-            if "cpu_s" in run and run["topics"][SAMPLES.name]["after_first_commit"]:
-                samples = run["topics"][SAMPLES.name]["after_first_commit"]
-                run["cpu_us_per_sample"] = round(1e6 * run["cpu_s"] / samples, 1)
-            for topic, rate in run.get("topics", {}).items():
-                rate["records_per_timing"] = round(1.0 / unit.get(topic, 1.0), 4)
-                rate["per_s"] = round(rate["per_s"] * unit.get(topic, 1.0)) if rate["per_s"] else None
-                if rate["per_s"] and ceiling[name][-1].get(topic):  # against this run's own ceiling: the machine
-                    rate["vs_ceiling"] = round(rate["per_s"] / ceiling[name][-1][topic], 3)  # as both met it
+    broker_pid = local_broker_pid(tmp)
+    rounds = [("warm-up", name) for name in trees for _ in range(args.warmup)]
+    rounds += [(k, name) for k in range(args.repeat) for name in (list(trees) if k % 2 == 0 else list(trees)[::-1])]
+    for k, name in rounds:
+        env = namespace(tmp)
+        os.environ.update(env)
+        settings = CommonSettings()
+        # The baseline worker reads NCCL as the per-rank records it was written for; NCCL rates below are rank
+        # timings per second either way (records/s x timings per record), so the two trees compare.
+        per_rank = name == "before" and baseline_nccl(args) == "per_rank"
+        report = await simulate(settings, hosts=args.hosts, duration=args.ticks, speed=0, seed=7,
+                                start_ts=time.time() - args.ticks, nccl_interval=args.nccl_interval,
+                                per_rank_nccl=per_rank)
+        unit = {t.name: 1.0 for t in inputs}
+        if NCCL in inputs and report.sent.get(NCCL.name):
+            unit[NCCL.name] = report.nccl_timings / report.sent[NCCL.name]
+        n = sum(report.sent[t.name] for t in inputs)
+        # the ceiling of this very publication
+        broker_cpu = cpu_seconds(broker_pid) if broker_pid else math.nan
+        seconds, _, cpu_s = await consume_raw(settings, n, inputs, keep=False)
+        ceiling[name].append({t.name: report.sent[t.name] * unit[t.name] / seconds for t in inputs})
+        ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * cpu_s / report.sent[SAMPLES.name]
+        # the cores each side of the ceiling's consume took: the broker shares this machine with its consumers
+        run_ceiling = {"consumer_cores": round(cpu_s / seconds, 2)}
+        if broker_pid:
+            run_ceiling["broker_cores"] = round((cpu_seconds(broker_pid) - broker_cpu) / seconds, 2)
+        profile = args.profile.with_suffix(f".{name}.{k}.json") if args.profile else None
+        run = await stream_worker(settings, env, worker_topics(settings, args.stages), stages=args.stages,
+                                  cwd=trees[name], profile=profile, commit_interval_s=args.commit_interval,
+                                  workers=workers_of(args, name), broker_pid=broker_pid,
+                                  logs=args.worker_logs and args.worker_logs / f"{name}.{k}")
+        # CPU per host sample with its share of NCCL: robust to what the machine gave the run
+        if "cpu_s" in run and run["topics"][SAMPLES.name]["after_first_commit"]:
+            samples = run["topics"][SAMPLES.name]["after_first_commit"]
+            run["cpu_us_per_sample"] = round(1e6 * run["cpu_s"] / samples, 1)
+        for topic, rate in run.get("topics", {}).items():
+            rate["records_per_timing"] = round(1.0 / unit.get(topic, 1.0), 4)
+            rate["per_s"] = round(rate["per_s"] * unit.get(topic, 1.0)) if rate["per_s"] else None
+            if rate["per_s"] and ceiling[name][-1].get(topic):  # against this run's own ceiling: the machine
+                rate["vs_ceiling"] = round(rate["per_s"] / ceiling[name][-1][topic], 3)  # as both met it
+        run["ceiling"] = run_ceiling
+        print(name, k, json.dumps(run), file=sys.stderr)
+        if k == "warm-up":  # the broker's JIT still compiles its hot paths (~0.4 of a core): not measured
+            ceiling[name].pop()
+        else:
             runs[name].append(run)
-            print(name, json.dumps(runs[name][-1]), file=sys.stderr)
-            # ~50 topics of 8 partitions a run: left behind, the 4th run's publishing met NotLeaderForPartition for
-            # ~110 s on this machine's broker
-            await delete_prefixed(settings.kafka_client_args(), settings.topic_prefix)
+        # ~50 topics of 8 partitions a run: left behind, the 4th run's publishing met NotLeaderForPartition for
+        # ~110 s on this machine's broker
+        await delete_prefixed(settings.kafka_client_args(), settings.topic_prefix)
 
     def median(rs: list[dict], topic: str) -> float | None:
         vals = [r["topics"][topic]["per_s"] for r in rs if "topics" in r and r["topics"][topic]["per_s"]]
@@ -375,6 +423,15 @@ async def worker_runs(args, tmp: Path) -> dict:
                                             "raw_consume_decode": round(ceiling_cpu, 1)}
         if cpu:
             out[f"worker_vs_ceiling_cpu_{name}"] = round(ceiling_cpu / statistics.median(cpu), 3)
+        # Where the machine's cores went, medians over the runs: a worker that fills the cores shares them with the
+        # broker and the decisions worker; the ceiling's one consumer leaves the broker a core of its own.
+        done = [r for r in rs if "seconds" in r]
+        out[f"cores_{name}"] = {
+            "workers": _median([r["cpu_s"] / max(r["seconds"], 1e-9) for r in done]),
+            "other_workers": _median([r["other_worker_cores"] for r in done]),
+            "broker": _median([r["broker_cores"] for r in done if "broker_cores" in r]),
+            "ceiling_consumer": _median([r["ceiling"]["consumer_cores"] for r in rs]),
+            "ceiling_broker": _median([r["ceiling"]["broker_cores"] for r in rs if "broker_cores" in r["ceiling"]])}
     if "before" in runs:
         out["ratio_after_vs_before"] = {
             t.name: round(median(runs["after"], t.name) / median(runs["before"], t.name), 2)
@@ -459,6 +516,9 @@ if __name__ == "__main__":
                    help="telemetry worker processes in the one group, each taking a share of the partitions")
     p.add_argument("--baseline-workers", type=int, help="the --baseline tree's worker processes (default: --workers; 1 "
                    "for a tree whose `fleetpulse streams` has no --worker)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds of each tree before the measured ones "
+                   "(--stages all): a fresh broker's JIT compiles its hot paths for a minute or more, on the cores "
+                   "the workers need")
     p.add_argument("--profile", type=Path, help="py-spy speedscope profile of each worker run, at "
                    "PATH.<tree>.<k>.json (with --workers: PATH.<tree>.<k>.w<n>.json for the n-th extra process)")
     p.add_argument("--worker-logs", type=Path, help="a folder for each worker process's log, <tree>.<k>.w<n>.log")
@@ -468,5 +528,7 @@ if __name__ == "__main__":
         a.worker_logs.mkdir(parents=True, exist_ok=True)
     if a.workers < 1 or (a.baseline_workers is not None and a.baseline_workers < 1):
         p.error("--workers and --baseline-workers must be at least 1")
+    if a.warmup < 0:
+        p.error("--warmup must be 0 or more")
     quiet_transient_client_logs()
     save(asyncio.run(main(a)), a.out)
