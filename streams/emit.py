@@ -16,34 +16,33 @@ Headers = list[tuple[str, bytes]]
 
 
 class Emitter(Protocol):
-    async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
-        """Hand one record to the producer; the returned awaitable completes when the broker acknowledged it."""
-
-    async def settle(self, changelog: list[Awaitable]) -> None:
-        """Wait until the broker has these table changelog records."""
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None, *,
+                   partition: int | None = None) -> Awaitable:
+        """Hand one record to the producer (to `partition`, else by key); the returned awaitable completes when the
+        broker acknowledged it."""
 
 
 class TopicEmitter:
     """The production emitter: the app's producer, given the stages' bytes as they are (no faust topic, serializer or
-    sensor on the way); the producer partitions by key, as faust's own sends do."""
+    sensor on the way); the producer partitions by key, as faust's own sends do, unless the record names its
+    partition (a table's changelog record goes to the partition of the source record that set it)."""
 
     def __init__(self, app: faust.App):
         self.app = app
 
-    async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None, *,
+                   partition: int | None = None) -> Awaitable:
         producer = await self.app.maybe_start_producer()
-        return await producer.send(topic, key, value, None, None, headers)
-
-    async def settle(self, changelog: list[Awaitable]) -> None:
-        await asyncio.gather(*changelog)
+        return await producer.send(topic, key, value, partition, None, headers)
 
 
 @dataclass(frozen=True)
 class Sent:
     topic: str
     key: bytes | None
-    value: bytes
+    value: bytes | None
     headers: Headers | None
+    partition: int | None = None  # None: the producer's, by key
 
 
 class MemoryEmitter:
@@ -52,14 +51,12 @@ class MemoryEmitter:
     def __init__(self):
         self.sent: list[Sent] = []
 
-    async def send(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None = None) -> Awaitable:
-        self.sent.append(Sent(topic, key, value, headers))
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None, *,
+                   partition: int | None = None) -> Awaitable:
+        self.sent.append(Sent(topic, key, value, headers, partition))
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
-
-    async def settle(self, changelog: list[Awaitable]) -> None:
-        """Nothing to wait for: no producer runs; the changelog records stay in its buffer for a test to read."""
 
     def to(self, topic: str) -> list[Sent]:
         return [s for s in self.sent if s.topic == topic]

@@ -238,8 +238,9 @@ class Lane:
             for _, state in done:
                 state.roll_back()
             raise
-        changelog = [sent for _, state in done for sent in state.flush()]
-        await self.emitter.settle(changelog)  # state durable before faust may commit these offsets
+        changelog = [await self.emitter.send(c.topic, c.key, c.value, partition=c.partition)
+                     for _, state in done for c in state.flush()]
+        await asyncio.gather(*changelog)  # state durable before faust may commit these offsets
         for w, _ in done:
             w.metrics.observe_batch(time.perf_counter() - started)
 

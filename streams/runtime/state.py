@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import faust
 import orjson
 
-from streams.state import delete, put
+from streams.state import Changelog, delete, put
 
 _ABSENT = object()
 _DELETED = object()  # a write that removes the key (a tombstone on the changelog)
@@ -114,10 +114,10 @@ class StepState:
         for (table, key), (value, durable, partition) in self.writes.items():
             self.parent.put(table, key, value, durable=durable, partition=partition)
 
-    def flush(self) -> list[Awaitable]:
-        """Write to the tables, durable writes with their changelog record on the source partition; returns the
-        changelog sends, done once the broker has them."""
-        sent: list[Awaitable] = []
+    def flush(self) -> list[Changelog]:
+        """Write to the tables; returns the changelog records of the durable writes (on the source partition), for
+        the runtime to send."""
+        sent: list[Changelog] = []
         for (table, key), (value, durable, partition) in self.writes.items():
             t = self.tables[table]
             if value is _DELETED:

@@ -55,9 +55,9 @@ async def put_on(stage, topic: str, value: bytes, key: bytes, partition: int) ->
     await channel.put(await channel.decode(message))
 
 
-def drain_changelog(app) -> list:
-    """The table changelog records a stage queued on the (unstarted) producer."""
-    out, pending = [], app.producer.buffer.pending
-    while not pending.empty():
-        out.append(pending.get_nowait().message)
-    return out
+def drain_changelog(emitter, table: str = "") -> list:
+    """The table changelog records the stages sent (of `table`, else of every table) since the last call: taken out of
+    the emitter's records (streams.emit.Sent: topic, key, value, partition)."""
+    taken = [s for s in emitter.sent if s.topic.endswith("-changelog")]
+    emitter.sent[:] = [s for s in emitter.sent if not s.topic.endswith("-changelog")]
+    return [s for s in taken if s.topic.endswith(f"{table}-changelog")]

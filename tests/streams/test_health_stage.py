@@ -17,7 +17,7 @@ from streams.emit import MemoryEmitter
 from streams.health.rules import HostHealth
 from streams.runtime.state import StepState
 from streams.settings import StreamsSettings
-from tests.streams.helpers import gpu, put_on, sample, until
+from tests.streams.helpers import drain_changelog, gpu, put_on, sample, until
 
 PREFIX = "unit."
 SAMPLES_TOPIC, FAULTS_TOPIC, STRAGGLERS_TOPIC = (PREFIX + t for t in (SAMPLES.name, FAULTS.name, STRAGGLERS.name))
@@ -40,13 +40,8 @@ def app(tmp_path, emitter):
     return app
 
 
-def changelog(app, table: str) -> list:
-    out, pending = [], app.producer.buffer.pending
-    while not pending.empty():
-        m = pending.get_nowait().message
-        if m.channel.get_topic_name().endswith(f"{table}-changelog"):
-            out.append(m)
-    return out
+def changelog(emitter, table: str) -> list:
+    return drain_changelog(emitter, table)
 
 
 async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter):
@@ -87,7 +82,7 @@ async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter)
     table = app.tables["health-hosts"]  # the live state between durable writes, its JSON after one
     held = {h: v if isinstance(v, HostHealth) else HostHealth.from_json(v) for h, v in table.items()}
     assert held["h1"].faults[0][0] == "h1/3/xid:79" and held["h2"].installed == 4
-    assert {(orjson.loads(c.key), c.partition) for c in changelog(app, "health-hosts")} == {("h1", 3), ("h2", 5)}
+    assert {(orjson.loads(c.key), c.partition) for c in changelog(emitter, "health-hosts")} == {("h1", 3), ("h2", 5)}
 
 
 async def test_stragglers_are_rekeyed_by_host_only_when_flagged_or_recently_flagged(app, emitter):
