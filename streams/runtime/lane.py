@@ -26,6 +26,7 @@ from streams.runtime.delivery import abandon, acknowledge
 from streams.runtime.inbox import Inbox
 from streams.runtime.spec import Emit, Input, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
+from streams.state import Changelog
 
 log = logging.getLogger("fleetpulse.streams.runtime")
 
@@ -43,6 +44,25 @@ class Wired:
     memo: dict[str, Any] = field(default_factory=dict)  # the step's in-memory scratch (State.memo)
     live: dict[str, type] = field(default_factory=dict)  # table -> the class its values live as (Table.live)
     durable: dict[tuple[str, str], bytes] = field(default_factory=dict)  # a live key's last changelog JSON
+
+
+@dataclass
+class Stepped:
+    """A batch whose stages have stepped: its outputs handed to the producer (`pending`: their acknowledgements), each
+    stage's state still to write."""
+
+    messages: Sequence[Message]
+    pending: list[Awaitable]
+    done: list[tuple[Wired, StepState]]
+    started: float  # perf_counter when the batch was taken
+
+    def flush(self) -> list[Changelog]:
+        """Every stage's state into its tables (in memory); the changelog records to send."""
+        return [c for _, state in self.done for c in state.flush()]
+
+    def roll_back(self) -> None:
+        for _, state in self.done:
+            state.roll_back()
 
 
 @dataclass
@@ -170,34 +190,97 @@ class Lane:
 
     async def _from_inbox(self) -> None:
         """Batches from the inbox; each record tracked as faust's streams track theirs (a rebalance waits until it is
-        acknowledged) and acknowledged once its batch's outputs and state are written."""
-        app, inbox = self.app, self.inbox
+        acknowledged) and acknowledged once its batch's outputs and state are written.
+
+        Pipelined one deep: while a batch's outputs wait for the broker's acknowledgement, then its changelog records
+        for theirs, the next batch is already stepped (on the state as the first left it in memory). The writes stay in
+        order: a batch's changelog goes out only after its own outputs are acknowledged and the batch before it is
+        written, and its records are acknowledged last. Should a batch's writing fail, the lane crashes and neither it
+        nor the batch stepped after it is acknowledged: the next worker reads both again from the changelog's state."""
+        app = self.app
         consumer = app.consumer
         unacked = consumer.unacked
-        while True:
-            taken = await inbox.take(self.batch_max, self.within_s)
-            if not app.flow_control.is_active():  # a rebalance is on: wait for its end, then see what it left us
-                await app.flow_control.acquire()
-            # Fetched before a rebalance: faust fetches them again from the commit if the partition is still ours
-            # (faust's streams skip these too; streams/runtime/offsets.py re-reads a partition should faust not).
-            generation = app.consumer_generation_id
-            messages = [m for m in taken if m.generation_id == generation]
-            if not messages:
-                continue
-            for m in messages:
-                if not m.tracked:
-                    m.tracked = True
-                    unacked.add(m)
-            try:
-                async with self._one_batch:
-                    await self.batch(messages)
-            except BaseException:
-                abandon(consumer, messages)  # uncommitted: the next worker reads them again
-                raise
-            acknowledge(consumer, messages)
+        writing: asyncio.Task | None = None  # the batch before: its outputs, changelog and acknowledgement
+        try:
+            while True:
+                taken = await self._take(writing)
+                if not app.flow_control.is_active():  # a rebalance is on: wait for its end, then see what it left us
+                    await app.flow_control.acquire()
+                # Fetched before a rebalance: faust fetches them again from the commit if the partition is still ours
+                # (faust's streams skip these too; streams/runtime/offsets.py re-reads a partition should faust not).
+                generation = app.consumer_generation_id
+                messages = [m for m in taken if m.generation_id == generation]
+                if not messages:
+                    continue
+                for m in messages:
+                    if not m.tracked:
+                        m.tracked = True
+                        unacked.add(m)
+                try:
+                    async with self._one_batch:
+                        stepped = await self._step(messages)
+                    changelog = stepped.flush()  # in memory now, for the next batch; sent once the outputs are acked
+                    if writing is not None:
+                        await writing
+                except BaseException:
+                    abandon(consumer, messages)  # uncommitted: the next worker reads them again
+                    raise
+                writing = asyncio.ensure_future(self._written(stepped, changelog, consumer))
+        finally:
+            if writing is not None and not writing.done():
+                writing.cancel()  # the worker is stopping: what it had not acknowledged is read again
+                await asyncio.gather(writing, return_exceptions=True)
+
+    async def _take(self, writing: asyncio.Task | None) -> list:
+        """The inbox's next batch; should the batch before fail to be written meanwhile, its error, at once."""
+        if writing is None or writing.done():
+            if writing is not None:
+                writing.result()
+            return await self.inbox.take(self.batch_max, self.within_s)
+        take = asyncio.ensure_future(self.inbox.take(self.batch_max, self.within_s))
+        try:
+            await asyncio.wait((take, writing), return_when=asyncio.FIRST_COMPLETED)
+            if writing.done() and writing.exception() is not None:
+                writing.result()
+        except BaseException:
+            take.cancel()  # take() pops nothing before its last wait: no record is lost
+            await asyncio.gather(take, return_exceptions=True)
+            raise
+        return await take
+
+    async def _written(self, stepped: Stepped, changelog: list[Changelog], consumer) -> None:
+        """A stepped batch's outputs acknowledged, then its changelog records sent and acknowledged, then its records
+        acknowledged (committable); else, whatever failed, its records abandoned."""
+        try:
+            await asyncio.gather(*stepped.pending)
+            await self._write_state(stepped, changelog)
+        except BaseException:
+            abandon(consumer, stepped.messages)
+            raise
+        acknowledge(consumer, stepped.messages)
 
     async def batch(self, messages: Sequence[Message]) -> None:
-        """Decode once, step every stage, send, await acks, then write state; the records are acknowledged after."""
+        """Decode once, step every stage, send, await acks, then write state; the records are acknowledged after (by
+        the caller). Should the outputs fail, the state the batch moved goes back to its last durable value."""
+        stepped = await self._step(messages)
+        try:
+            await asyncio.gather(*stepped.pending)  # outputs acknowledged before state is written
+        except BaseException:
+            # Outputs not all acknowledged: the records will be read again (delivery.abandon), so the state they moved
+            # goes back to its last durable value, as a restart would find it, or the stages would drop them as done.
+            stepped.roll_back()
+            raise
+        await self._write_state(stepped, stepped.flush())
+
+    async def _write_state(self, stepped: Stepped, changelog: list[Changelog]) -> None:
+        sent = [await self.emitter.send(c.topic, c.key, c.value, partition=c.partition) for c in changelog]
+        await asyncio.gather(*sent)  # state durable before faust may commit these offsets
+        took = time.perf_counter() - stepped.started
+        for w, _ in stepped.done:
+            w.metrics.observe_batch(took)
+
+    async def _step(self, messages: Sequence[Message]) -> Stepped:
+        """Decode once and step every stage, handing their outputs to the producer; state not yet written."""
         started = time.perf_counter()
         pending: list[Awaitable] = []
         by_stage: dict[int, list[Record]] = {}
@@ -221,7 +304,7 @@ class Lane:
                 if shared is None or shared.kind != kind:
                     shared = Record(kind, value, key, msg.topic, msg.partition, msg.offset, ts_ms)
                 by_stage.setdefault(id(w), []).append(shared)
-        done: list[tuple[Wired, StepState]] = []
+        stepped = Stepped(messages, pending, [], started)
         try:
             for w in self.stages:
                 records = by_stage.get(id(w))
@@ -229,20 +312,12 @@ class Lane:
                     continue
                 w.metrics.received += len(records)
                 emits, state, failed = run_step(w, records)
-                done.append((w, state))
+                stepped.done.append((w, state))
                 await self._send(pending, w, emits, failed, where)
-            await asyncio.gather(*pending)  # outputs acknowledged before state is written
         except BaseException:
-            # Outputs not all acknowledged: the records will be read again (delivery.abandon), so the state they moved
-            # goes back to its last durable value, as a restart would find it, or the stages would drop them as done.
-            for _, state in done:
-                state.roll_back()
+            stepped.roll_back()
             raise
-        changelog = [await self.emitter.send(c.topic, c.key, c.value, partition=c.partition)
-                     for _, state in done for c in state.flush()]
-        await asyncio.gather(*changelog)  # state durable before faust may commit these offsets
-        for w, _ in done:
-            w.metrics.observe_batch(time.perf_counter() - started)
+        return stepped
 
     async def _send(self, pending: list[Awaitable], w: Wired, emits: list[Emit], failed: list[tuple[Record, str]],
                     where: dict[tuple[str, int, int], Message]) -> None:
