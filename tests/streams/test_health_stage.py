@@ -40,10 +40,6 @@ def app(tmp_path, emitter):
     return app
 
 
-def changelog(emitter, table: str) -> list:
-    return drain_changelog(emitter, table)
-
-
 async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter):
     m = metrics_of(app)["health"]
     fault = FaultEvent(fault_id="h1/3/xid:79", ts=T0 + 25, host="h1", gpu_index=3, code="xid:79", bin="reboot",
@@ -82,7 +78,8 @@ async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter)
     table = app.tables["health-hosts"]  # the live state between durable writes, its JSON after one
     held = {h: v if isinstance(v, HostHealth) else HostHealth.from_json(v) for h, v in table.items()}
     assert held["h1"].faults[0][0] == "h1/3/xid:79" and held["h2"].installed == 4
-    assert {(orjson.loads(c.key), c.partition) for c in changelog(emitter, "health-hosts")} == {("h1", 3), ("h2", 5)}
+    changelog = drain_changelog(emitter, "health-hosts")
+    assert {(orjson.loads(c.key), c.partition) for c in changelog} == {("h1", 3), ("h2", 5)}
 
 
 async def test_stragglers_are_rekeyed_by_host_only_when_flagged_or_recently_flagged(app, emitter):

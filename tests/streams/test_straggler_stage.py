@@ -39,10 +39,6 @@ def app(tmp_path, emitter):
     return app
 
 
-def changelog(emitter, table: str) -> list:
-    return drain_changelog(emitter, table)
-
-
 def job_state(app) -> JobState:
     raw = app.tables["stragglers-jobs"]["job-0000"]
     return raw if isinstance(raw, JobState) else JobState.from_json(raw)
@@ -69,7 +65,7 @@ async def test_scores_are_rekeyed_by_host_joined_with_the_gpu_condition_and_publ
             for s in group:  # 30-55 s GPU 2 hot, 60-80 s unchanged, 85-195 s unchanged (60 s refreshes due)
                 await put_on(stage, SAMPLES_T, encode(s), b"gpu-node-0003", 5)
             await until(lambda: (app.tables["stragglers-gpus"].get("gpu-node-0003") or {}).get("ts") == group[-1]["ts"])
-            written.append([orjson.loads(m.value)["ts"] - t0 for m in changelog(emitter, "stragglers-gpus")])
+            written.append([orjson.loads(m.value)["ts"] - t0 for m in drain_changelog(emitter, "stragglers-gpus")])
     # A batch writes the host's newest condition to the changelog (on the samples' partition) only when it changed
     # materially: the first sample, GPU 2 turning hot, a 60 s refresh; not for the unchanged 60-80 s.
     assert written == [[25], [55], [], [195]]
@@ -91,7 +87,7 @@ async def test_scores_are_rekeyed_by_host_joined_with_the_gpu_condition_and_publ
     # Refused by the topics' validators (one bad sample too), no dead letter from the worker: the sink writes it.
     assert emitter.to(PREFIX + "fleet.telemetry.nccl.dlq") == [] and metrics.errored == 0
     assert metrics_of(app).refused == {SAMPLES_T: 1, NCCL_T: 2}
-    jobs_log = changelog(emitter, "stragglers-jobs")  # window closes and checkpoints, on the job's partition
+    jobs_log = drain_changelog(emitter, "stragglers-jobs")  # window closes and checkpoints, on the job's partition
     assert jobs_log and {(orjson.loads(m.key), m.partition) for m in jobs_log} == {("job-0000", 4)}
     state = job_state(app)
     assert state.flagged.tolist() == [r == 26 for r in range(64)] and state.hosts[3] == "gpu-node-0003"
@@ -134,14 +130,14 @@ async def test_a_score_waits_for_its_hosts_samples_to_reach_the_window(app, emit
         await put_on(stage, BY_HOST, emitter.to(BY_HOST)[0].value, b"gpu-node-0003", 5)
         await until(lambda: app.tables["stragglers-held"].get("gpu-node-0003") is not None)
         assert emitter.to(PREFIX + "fleet.stragglers") == []
-        assert [m.partition for m in changelog(emitter, "stragglers-held")] == [5]  # held durably
+        assert [m.partition for m in drain_changelog(emitter, "stragglers-held")] == [5]  # held durably
         for s in after:
             await put_on(stage, SAMPLES_T, encode(s), b"gpu-node-0003", 5)
         await until(lambda: len(emitter.to(PREFIX + "fleet.stragglers")) == 1)
     [published] = [StragglerScore.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.stragglers")]
     assert "HW thermal slowdown" in published.reasons[1] and "before the window end" not in published.reasons[1]
     assert "gpu-node-0003" not in app.tables["stragglers-held"]
-    assert [m.value for m in changelog(emitter, "stragglers-held")] == [None]  # the tombstone
+    assert [m.value for m in drain_changelog(emitter, "stragglers-held")] == [None]  # the tombstone
 
 
 async def test_a_job_that_stops_is_forgotten_once_its_partition_moves_on(app, emitter):
@@ -165,6 +161,6 @@ async def test_a_job_that_stops_is_forgotten_once_its_partition_moves_on(app, em
         for r in job("job-0001", 100.0):  # partition 2's own records, 100 s on: job-0000 has stopped
             await put_on(stage, NCCL_T, orjson.dumps(r), b"job-0001", 2)
         await until(lambda: "job-0000" not in table.data)
-    tombs = [m for m in changelog(emitter, "stragglers-jobs") if m.value is None]
+    tombs = [m for m in drain_changelog(emitter, "stragglers-jobs") if m.value is None]
     assert [(m.key, m.partition) for m in tombs] == [(b'"job-0000"', 2)]
     assert "job-0001" in table.data and "job-0002" in table.data
