@@ -87,6 +87,8 @@ _EMPTY = np.empty((0, len(COLS)))
 _TS = C["ts"]
 _IDENTITY = [list(range(n)) for n in range(MAX_GPUS + 1)]  # GPU indices 0..n-1 in order: rows as they are
 _reading = operator.itemgetter(*FIELDS)
+_index = operator.itemgetter("index")
+_NO_GATES: list[str] = []  # a GPU row's gates when none fired: shared by every such row, so never changed
 _LATEST_COLS = (("temp", "gpu_temp_c"), ("slow", "slowdown_temp_c"), ("hbm", "hbm_temp_c"),
                 ("hbm_max", "hbm_max_op_temp_c"), ("pending", "row_remap_pending"), ("failure", "row_remap_failure"),
                 ("pages", "retired_pages_pending"), ("action", "recovery_action"))
@@ -187,7 +189,7 @@ def apply_samples(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -
 def _rows(h: HostHealth, idx: list[int]) -> np.ndarray:
     """The host's state rows of GPUs `idx` as a matrix (NaN for a GPU never seen); read it, do not change it."""
     rows = h.rows
-    if len(idx) <= len(rows) and idx == _IDENTITY[len(idx)]:
+    if len(idx) <= len(rows) and (idx is _IDENTITY[len(idx)] or idx == _IDENTITY[len(idx)]):
         return rows[:len(idx)]
     return _grown(rows, max(idx, default=-1) + 1)[idx]
 
@@ -203,21 +205,21 @@ def _grown(rows: np.ndarray, n: int) -> np.ndarray:
 
 def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
     """One round: each host at most once, each sample newer than its host's watermark."""
-    readings, prior, stamps, indices = [], [], [], []
+    readings, prior, indices, counts = [], [], [], []
     for h, s in pairs:
-        ts = float(s["ts"])
-        idx = [g["index"] for g in s["gpus"]]
-        for g in s["gpus"]:
-            try:
-                readings.append(_reading(g))
-            except KeyError:  # a reading that leaves optional fields out
-                readings.append([g.get(f) for f in FIELDS])
+        gpus = s["gpus"]
+        idx = list(map(_index, gpus))
+        try:
+            readings += list(map(_reading, gpus))
+        except KeyError:  # a reading that leaves optional fields out
+            readings += [[g.get(f) for f in FIELDS] for g in gpus]
         prior.append(_rows(h, idx))
-        stamps += [ts] * len(idx)
         indices.append(idx)
+        counts.append(len(idx))
     m = np.array(readings, dtype=float).reshape(len(readings), len(FIELDS))  # None: NaN
     p = np.concatenate(prior) if prior else np.empty((0, len(COLS)))
-    ts = np.array(stamps, dtype=float)
+    stamps = [float(s["ts"]) for _, s in pairs]
+    ts = np.repeat(np.array(stamps, dtype=float), counts)
     n = p.copy()
     dt = ts - p[:, C["ts"]]
     seen = np.isfinite(dt) & (dt > 0)
@@ -253,18 +255,24 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
     n[:, C["dbe_at"]] = np.where(new_dbe, ts, p[:, C["dbe_at"]])
     n[:, _LATEST] = m[:, _LATEST_FROM]  # latest reading: an unreadable value is unknown now, not what it was
     n[:, C["ts"]] = ts
-    hits = row_gates(n, np.repeat([h.repaired_at for h, _ in pairs], [len(idx) for idx in indices]), ts, cfg)
+    hits = row_gates(n, np.repeat([h.repaired_at for h, _ in pairs], counts), ts, cfg)
     j = 0
-    for (h, s), idx in zip(pairs, indices):
-        ts_h, k = float(s["ts"]), j + len(idx)
-        if len(idx) >= len(h.rows) and idx == _IDENTITY[len(idx)]:
-            h.rows = n[j:k].copy()  # a copy: a view would keep the whole batch's matrix alive
+    for (h, s), idx, ts_h in zip(pairs, indices, stamps):
+        k = j + len(idx)
+        if idx == _IDENTITY[len(idx)]:  # GPUs 0..n-1 in order, as nearly every sample has them (checked: <= MAX_GPUS)
+            if len(idx) >= len(h.rows):
+                h.rows = n[j:k].copy()  # a copy: a view would keep the whole batch's matrix alive
+            else:  # the last installed GPUs missing
+                h.rows = h.rows.copy()
+                h.rows[:len(idx)] = n[j:k]
+            h.present = idx
+            h.installed = max(h.installed, len(idx))
         else:
             grown = _grown(h.rows, max(idx, default=-1) + 1).copy()  # no GPUs: every installed one missing
             grown[idx] = n[j:k]
             h.rows = grown
-        h.present = sorted(idx)
-        h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
+            h.present = sorted(idx)
+            h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
         h.wm, h.rack = ts_h, s.get("rack", "") or h.rack
         # onsets are the first sample showing a condition, however seldom the host is scored
         gates(h, ts_h, cfg, rows_quiet=not any(hits[j:k]))
@@ -450,7 +458,7 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig,
     published, no gate then or now, no heartbeat due); gates and their onsets are updated all the same."""
     bounds, blocks = [0], []
     for h, _, _ in hosts:
-        blocks.append(_rows(h, list(range(h.installed))))
+        blocks.append(_rows(h, _IDENTITY[h.installed] if h.installed <= MAX_GPUS else list(range(h.installed))))
         bounds.append(bounds[-1] + h.installed)
     s = np.concatenate(blocks) if blocks else np.empty((0, len(COLS)))
     per_gpu = [h.installed for h, _, _ in hosts]
@@ -476,7 +484,7 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig,
             gpu_gates += [sorted(key.split("/", 1)[1] for key in fired if key.startswith(f"gpu{i}/"))
                           for i in range(h.installed)]
         else:
-            gpu_gates += [[] for _ in range(h.installed)]
+            gpu_gates += [_NO_GATES] * h.installed
     col = lambda c: s[:, C[c]]  # noqa: E731
     v = np.column_stack([col("slow") - col("temp"), col("hard") + cfg.power_cap_factor * col("cap"),
                          col("sbe_r") * 3600.0, col("pcie_r") * 60.0, col("nvl_r"), strag, hist])
