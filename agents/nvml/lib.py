@@ -8,6 +8,7 @@ import pynvml
 from pynvml import NVMLError
 
 from core.errors import FleetpulseError
+from schemas.pci import normalize_pci
 
 FaultKind = Literal["gpu_lost", "reset_required", "unknown_error", "unreadable"]
 
@@ -56,19 +57,12 @@ def text(value: str | bytes) -> str:
 
 
 def normalize_pci_bus_id(bus_id: str | bytes) -> str:
-    """'00000000:1A:00.0' (NVML, DCGM) or '0000:1a:00' (kernel log) -> '0000:1a:00.0': 4-digit domain, lower case."""
-    raw = text(bus_id).strip().lower()
-    if raw.startswith("pci:"):
-        raw = raw[4:]
-    parts = raw.split(":")
-    if len(parts) != 3:
-        return raw
-    domain, bus, devfn = parts
-    device, _, function = devfn.partition(".")
+    """NVML's or DCGM's bus id ('00000000:1A:00.0', b'...', 'PCI:0000:2b:00') in the wire's one spelling,
+    schemas.pci.normalize_pci's ('0000:1a:00.0'); an id that does not parse stays as read, in lower case."""
+    raw = text(bus_id).strip().lower().removeprefix("pci:")
     try:
-        dom = int(domain, 16)
-        return f"{dom:04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{int(function or '0', 16):x}"
-    except ValueError:
+        return normalize_pci(raw)
+    except (ValueError, IndexError):
         return raw
 
 

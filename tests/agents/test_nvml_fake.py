@@ -108,6 +108,7 @@ def test_recording_is_an_hgx_h100_host_with_reference_values():
 @pytest.mark.parametrize("raw, expected", [
     ("00000000:1A:00.0", "0000:1a:00.0"), ("0000:18:00.0", "0000:18:00.0"), ("PCI:0000:2b:00", "0000:2b:00.0"),
     (b"00000019:01:00.0", "0019:01:00.0"), ("garbage", "garbage"), ("0000:zz:00.0", "0000:zz:00.0"),
+    ("1A:00.0", "0000:1a:00.0"),  # no domain: 0, as the kernel log's ids read (schemas.pci.normalize_pci)
 ])
 def test_pci_bus_id_normalisation(raw, expected):
     assert normalize_pci_bus_id(raw) == expected
