@@ -9,9 +9,11 @@ Records are a simulated fleet's host samples and NCCL steps, as the agents publi
 - encode: µs of CPU to encode a record as a producer would hold it (a dict; a typed row for the array encoding);
 - decode+check: µs to decode and check it: today's validator (schemas/validate.py, msgspec over JSON); the same
   msgspec types over MessagePack maps; over MessagePack arrays (field order as the model's, typed rows out, which
-  the stages, written against dicts, would have to read differently);
+  the stages, written against dicts, would have to read differently; without the validator's checks after the
+  pass, which read dicts: a lower bound);
 - to_sink: µs to turn the record back into the JSON line the sink hands to ClickHouse (JSONEachRow), which today
-  costs nothing: the sink passes the record's own bytes.
+  costs nothing: the sink passes the record's own bytes (for arrays, JSON arrays, not the objects JSONEachRow reads:
+  a lower bound).
 CPU time of this process, medians of --repeat runs.
 """
 
