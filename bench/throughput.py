@@ -114,13 +114,16 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process so far (Linux /proc); NaN where it cannot be read."""
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of one process so far (Linux /proc); NaN where it cannot be read or for no process
+    (None: a broker this bench did not start)."""
+    if pid is None:
+        return math.nan
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
-        return float("nan")
+        return math.nan
 
 
 def worker_topics(settings: CommonSettings, stages: str) -> dict[str, int]:
@@ -170,9 +173,6 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
     def others() -> float:  # the processes they started: the decisions worker (with py-spy: the workers)
         return sum(cpu_seconds(c) for p in procs for c in child_pids(p.pid))
 
-    def broker() -> float:
-        return cpu_seconds(broker_pid) if broker_pid else math.nan
-
     watch = OffsetWatch(settings.kafka_client_args(), topics)
     await watch.start()
     group = app_id(settings.topic_prefix)
@@ -194,10 +194,11 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
             if settled is None and stable:
                 settled = sum(ends.values()) if workers == 1 else sum(left.values())
             if first is None and settled is not None and sum(left.values()) < settled:  # a commit after it settled
-                first = (now, dict(left), cpu(), others(), broker())
+                first = (now, dict(left), cpu(), others(), cpu_seconds(broker_pid))
             caught.update((t, now) for t, n in left.items() if n == 0 and t not in caught)
             if len(caught) == len(ends) and first is not None:
-                used, others_used, broker_used = cpu() - first[2], others() - first[3], broker() - first[4]
+                used, others_used = cpu() - first[2], others() - first[3]
+                broker_used = cpu_seconds(broker_pid) - first[4]
             if (len(caught) == len(ends) or now - started > 900 or any(p.poll() is not None for p in procs)):
                 break
             await asyncio.sleep(0.2)
@@ -363,7 +364,7 @@ async def worker_runs(args, tmp: Path) -> dict:
             unit[NCCL.name] = report.nccl_timings / report.sent[NCCL.name]
         n = sum(report.sent[t.name] for t in inputs)
         # the ceiling of this very publication
-        broker_cpu = cpu_seconds(broker_pid) if broker_pid else math.nan
+        broker_cpu = cpu_seconds(broker_pid)
         seconds, _, cpu_s = await consume_raw(settings, n, inputs, keep=False)
         ceiling[name].append({t.name: report.sent[t.name] * unit[t.name] / seconds for t in inputs})
         ceiling[name][-1]["cpu_us_per_sample"] = 1e6 * cpu_s / report.sent[SAMPLES.name]
