@@ -259,12 +259,8 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
     j = 0
     for (h, s), idx, ts_h in zip(pairs, indices, stamps):
         k = j + len(idx)
-        if idx == _IDENTITY[len(idx)]:  # GPUs 0..n-1 in order, as nearly every sample has them (checked: <= MAX_GPUS)
-            if len(idx) >= len(h.rows):
-                h.rows = n[j:k].copy()  # a copy: a view would keep the whole batch's matrix alive
-            else:  # the last installed GPUs missing
-                h.rows = h.rows.copy()
-                h.rows[:len(idx)] = n[j:k]
+        if len(idx) >= len(h.rows) and idx == _IDENTITY[len(idx)]:  # GPUs 0..n-1, as nearly every sample has them
+            h.rows = n[j:k].copy()  # a copy: a view would keep the whole batch's matrix alive
             h.present = idx
             h.installed = max(h.installed, len(idx))
         else:
@@ -458,7 +454,7 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig,
     published, no gate then or now, no heartbeat due); gates and their onsets are updated all the same."""
     bounds, blocks = [0], []
     for h, _, _ in hosts:
-        blocks.append(_rows(h, _IDENTITY[h.installed] if h.installed <= MAX_GPUS else list(range(h.installed))))
+        blocks.append(_rows(h, _IDENTITY[h.installed]))  # installed <= MAX_GPUS: indices are checked below it
         bounds.append(bounds[-1] + h.installed)
     s = np.concatenate(blocks) if blocks else np.empty((0, len(COLS)))
     per_gpu = [h.installed for h, _, _ in hosts]
