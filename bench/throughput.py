@@ -418,7 +418,8 @@ async def worker_runs(args, tmp: Path) -> dict:
         out[f"worker_vs_own_ceiling_{name}"] = {topic: round(statistics.median(v), 3) for topic, v in paired.items()
                                                 if v}
         # The same comparison in CPU: a bare consumer's CPU per sample over the worker's (both read samples and NCCL).
-        cpu = [r["cpu_us_per_sample"] for r in rs if r.get("cpu_us_per_sample") == r.get("cpu_us_per_sample")]
+        cpu = [r["cpu_us_per_sample"] for r in rs  # none (no sample left at the first commit) or NaN: not counted
+               if r.get("cpu_us_per_sample", math.nan) == r.get("cpu_us_per_sample", math.nan)]
         ceiling_cpu = statistics.median(c["cpu_us_per_sample"] for c in ceiling[name])
         out[f"cpu_us_per_sample_{name}"] = {"worker": round(statistics.median(cpu), 1) if cpu else None,
                                             "raw_consume_decode": round(ceiling_cpu, 1)}
