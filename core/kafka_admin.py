@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from core.errors import BrokerError
+
+log = logging.getLogger("fleetpulse.kafka")
 
 
 async def why_unreachable(client_args: dict, timeout: float = 10) -> str:
@@ -46,8 +50,11 @@ def _cause(exc: BaseException, client_args: dict) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def create_missing(client_args: dict, wanted: list[NewTopic], timeout: float = 30) -> list[str]:
-    """Create whichever of `wanted` do not exist yet, then wait for their partition leaders."""
+async def create_missing(client_args: dict, wanted: list[NewTopic], timeout: float = 30,
+                         aligned: dict[str, dict[str, str | None]] | None = None) -> list[str]:
+    """Create whichever of `wanted` do not exist yet, then wait for their partition leaders. With `aligned` (a dict
+    to fill), the topics that exist get their NewTopic's configs where theirs differ (see _align): for topics this
+    caller owns, such as a worker's changelogs; what changed goes into `aligned`, topic -> {key: the old value}."""
     admin = AIOKafkaAdminClient(**client_args)
     try:
         await admin.start()
@@ -61,6 +68,8 @@ async def create_missing(client_args: dict, wanted: list[NewTopic], timeout: flo
         if missing:
             await _create(admin, missing, deadline)
             await _wait_for_leaders(admin, missing, deadline)
+        if aligned is not None:
+            aligned.update(await _align(admin, [nt for nt in wanted if nt.name in existing]))
         return [nt.name for nt in missing]
     finally:
         await admin.close()
@@ -82,6 +91,46 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic], deadline: 
             raise BrokerError(f"the cluster did not create {len(topics)} topics (error codes {refused})")
         if topics:
             await asyncio.sleep(0.5)
+
+
+_OWN = 1  # DescribeConfigs' config_source of a setting made on the topic itself (DYNAMIC_TOPIC_CONFIG)
+
+
+async def _align(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> dict[str, dict[str, str | None]]:
+    """Give each topic its NewTopic's configs where they differ; topic -> {key: the value it had (None: unset)}.
+    AlterConfigs replaces the whole set of a topic's own settings, so its other own settings are sent along, kept.
+    A topic the cluster will not describe or change (no DescribeConfigs/AlterConfigs right, a value it refuses) keeps
+    what it has, with a warning that says how to set it by hand: the caller runs on, as it did before."""
+    wanted = {nt.name: nt.topic_configs for nt in topics if nt.topic_configs}
+    changed: dict[str, dict[str, str | None]] = {}
+    alter = []
+    described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in wanted]) \
+        if wanted else []
+    for res in (r for response in described for r in response.to_object()["resources"]):
+        name = res["resource_name"]
+        if res["error_code"]:
+            _not_aligned(name, wanted[name], f"{res['error_message']} (error code {res['error_code']})")
+            continue
+        entries = res["config_entries"]
+        now = {e["config_names"]: e["config_value"] for e in entries}
+        own = {e["config_names"]: e["config_value"] for e in entries
+               if e.get("config_source", -1) == _OWN or ("is_default" in e and not e["is_default"])}
+        diff = {k: now.get(k) for k, v in wanted[name].items() if now.get(k) != v}
+        if diff:
+            changed[name] = diff
+            alter.append(ConfigResource(ConfigResourceType.TOPIC, name, {**own, **wanted[name]}))
+    for response in await admin.alter_configs(alter) if alter else ():
+        for code, message, _, name in response.resources:
+            if code:
+                _not_aligned(name, wanted[name], f"{message} (error code {code})")
+                changed.pop(name, None)
+    return changed
+
+
+def _not_aligned(topic: str, configs: dict[str, str], why: str) -> None:
+    log.warning("%s keeps its settings: the cluster refused %s: %s; set them with `kafka-configs --alter "
+                "--entity-type topics --entity-name %s --add-config %s`", topic, configs, why, topic,
+                ",".join(f"{k}={v}" for k, v in configs.items()))
 
 
 async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[NewTopic], deadline: float) -> None:

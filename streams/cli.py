@@ -66,24 +66,30 @@ def changelog_topics(app: faust.App, replication: int) -> list[NewTopic]:
     missing topic"), and no rebalance brings it back: on a fresh broker the worker then never finished its first
     batch, its records handed out and never acknowledged (one CI run in three, and a new evaluate test)."""
     return [NewTopic(t.changelog_topic.get_topic_name(), t.partitions or app.conf.topic_partitions, replication,
-                     topic_configs={"cleanup.policy": "compact"}) for t in app.tables.values()]
+                     topic_configs={"cleanup.policy": "compact", **t.extra_topic_configs}) for t in app.tables.values()]
 
 
 async def _ensure_topics(settings, app: faust.App, timeout: float = 30.0) -> None:
-    """Create the registry's topics first: subscribing to a missing topic would auto-create it with 1 partition."""
+    """Create the registry's topics first: subscribing to a missing topic would auto-create it with 1 partition.
+    Changelogs that exist get today's settings (one made by an earlier version may keep segments open for days)."""
+    changelogs = changelog_topics(app, settings.replication)
+    aligned: dict[str, dict[str, str | None]] = {}
     try:
         async with asyncio.timeout(timeout):
             created = await ensure_topics(settings.kafka_client_args(), settings.topic_prefix,
                                           settings.replication)
             created += await create_missing(settings.kafka_client_args(),
                                             internal_topics(app_id(settings.topic_prefix), settings.replication)
-                                            + changelog_topics(app, settings.replication))
+                                            + changelogs, aligned=aligned)
     except BrokerError:
         raise  # already says why (a refused password, an unknown CA, nothing listening)
     except Exception as exc:  # noqa: BLE001 - connection refused, timeout, auth: the broker is not usable
         raise BrokerError(f"cannot create topics on {settings.bootstrap}: {exc!r}") from exc
     if created:
         log.info("created %d topics under prefix %r", len(created), settings.topic_prefix)
+    wanted = {nt.name: nt.topic_configs for nt in changelogs}
+    for topic, was in aligned.items():
+        log.info("changelog %s: %s", topic, ", ".join(f"{k} {v} -> {wanted[topic][k]}" for k, v in was.items()))
 
 
 def _die_with_parent() -> None:

@@ -43,6 +43,11 @@ class StreamsSettings(CommonSettings):
                                              "one, once per stall, at most 3 times per recovery, before the stall "
                                              "limit stops the worker (streams/runtime/recovery.py ReRead; at or "
                                              "above FLEETPULSE_STREAMS_RECOVERY_STALL_S: never)")
+    streams_changelog_segment_s: float = Field(default=600.0, ge=1, le=7 * 86_400, description="a table changelog's "
+                                               "segment closes after this long, so the broker's log cleaner can "
+                                               "compact it: a restarted worker restores one record per key and at "
+                                               "most this much history beside it, not all that was written since "
+                                               "the segment opened (Kafka's own limits: 7 days or 1 GiB)")
     streams_telemetry_processes: int = Field(default=1, ge=1, le=64, description="telemetry worker processes "
                                              "`fleetpulse streams` runs in the one consumer group, a share of the "
                                              "partitions each (not with --worker): up to one per core scales the "

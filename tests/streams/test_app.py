@@ -11,6 +11,7 @@ from core.errors import ConfigError
 from core.settings import load
 from schemas.topics import ALERTS, RACK_POWER, SAMPLES
 from streams.app import QuietMonitor, app_id, broker_credentials, create_app, metrics_of
+from streams.cli import changelog_topics
 from streams.metrics import StageMetrics
 from streams.metrics_server import exposition
 from streams.power_thermal import stage as power_thermal
@@ -36,6 +37,21 @@ def test_app_is_namespaced_and_configured_from_settings(tmp_path):
     changelogs = {t.changelog_topic.get_topic_name(): t.partitions for t in app.tables.values()}
     assert changelogs == {"ns.fleetpulse-streams-power_thermal-hosts-changelog": 8,
                           "ns.fleetpulse-streams-power_thermal-racks-changelog": 8}
+
+
+def test_changelogs_close_their_segments_so_the_broker_compacts_them(tmp_path):
+    """faust restores a memory table from its changelog's start; the cleaner compacts only closed segments, and by
+    Kafka's defaults a segment stays open for 7 days. Both faust's own declaration and the worker's (made before it
+    subscribes, and aligned on topics an earlier version made) carry the setting."""
+    app = create_app(settings(tmp_path, streams_changelog_segment_s=90), stages=["power_thermal"])
+    made = changelog_topics(app, 1)
+    assert {nt.name for nt in made} == {t.changelog_topic.get_topic_name() for t in app.tables.values()}
+    assert all(nt.topic_configs == {"cleanup.policy": "compact", "segment.ms": "90000"} for nt in made)
+    assert all(t.changelog_topic.config == {"segment.ms": "90000"} for t in app.tables.values())
+    default = create_app(settings(tmp_path), stages=["power_thermal"])
+    assert {nt.topic_configs["segment.ms"] for nt in changelog_topics(default, 1)} == {"600000"}
+    with pytest.raises(ConfigError, match="STREAMS_CHANGELOG_SEGMENT_S"):
+        settings(tmp_path, streams_changelog_segment_s=0)
 
 
 def test_the_app_s_monitor_keeps_no_per_record_bookkeeping(tmp_path):
