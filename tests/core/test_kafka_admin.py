@@ -3,6 +3,7 @@ topic's settings brought up to date."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -55,6 +56,15 @@ async def _configs(args: dict, topic: str) -> dict[str, tuple[str, int]]:
     return {e["config_names"]: (e["config_value"], e["config_source"]) for e in res["config_entries"]}
 
 
+async def _settled_configs(args: dict, topic: str, key: str, value: tuple[str, int]) -> dict[str, tuple[str, int]]:
+    """_configs once `key` reads `value` (a change goes through the KRaft controller: a broker may answer with the
+    old value for a moment), or as they are after 10 s."""
+    deadline = time.monotonic() + 10
+    while (configs := await _configs(args, topic))[key] != value and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return configs
+
+
 async def test_an_existing_topic_is_aligned_only_when_asked_and_keeps_its_other_settings(kafka_bootstrap, topic_prefix):
     """A worker's changelog made by an earlier version (segments open for days) gets today's settings at start-up;
     what an operator set on it besides stays, and a topic whose settings match is left as it is."""
@@ -68,7 +78,7 @@ async def test_an_existing_topic_is_aligned_only_when_asked_and_keeps_its_other_
     aligned: dict = {}
     assert await create_missing(args, [wanted], aligned=aligned) == []
     assert aligned == {name: {"segment.ms": "604800000"}}
-    after = await _configs(args, name)
+    after = await _settled_configs(args, name, "segment.ms", ("600000", 1))
     assert after["segment.ms"] == ("600000", 1)
     assert after["cleanup.policy"] == ("compact", 1)
     assert after["max.message.bytes"] == ("2000000", 1)  # the topic's own setting, kept
