@@ -18,13 +18,26 @@ class BrokerError(FleetpulseError):
 
 
 class StoreError(FleetpulseError):
-    """A ClickHouse write or schema check failed. `bad_rows`: the store refused some of the rows themselves (a value
-    a column cannot hold, a constraint), so the records behind them can be found and set aside."""
+    """A ClickHouse call failed. `action` says what mends it (core/clickhouse.py ERRORS): WAIT, the same call later
+    (the store is away, busy, over its quota or out of parts); SPLIT, a smaller insert (the store refused some rows
+    themselves, so the records behind them can be found and set aside); STOP, nothing the caller can do (a missing
+    table, a user without the right). `code` and `name`: ClickHouse's error, where it gave one."""
 
-    def __init__(self, message: str, *, retryable: bool = False, bad_rows: bool = False):
+    WAIT, SPLIT, STOP = "wait", "split", "stop"
+
+    def __init__(self, message: str, *, action: str = "stop", code: int | None = None, name: str | None = None):
         super().__init__(message)
-        self.retryable = retryable
-        self.bad_rows = bad_rows
+        self.action = action
+        self.code = code
+        self.name = name
+
+    @property
+    def retryable(self) -> bool:
+        return self.action == self.WAIT
+
+    @property
+    def bad_rows(self) -> bool:
+        return self.action == self.SPLIT
 
 
 class DecodeError(FleetpulseError):

@@ -25,6 +25,9 @@ TRANSIENT = re.compile(
     r"KafkaConnectionError|"
     r"Topic .{1,300} not found in cluster metadata")
 CLIENT_LOGGERS = ("aiokafka", "kafka", "faust.transport")
+# The HTTP clients under clickhouse-connect log each failed try of a store that is away (urllib3 with the whole
+# request URL, some 10 KB for an insert); the caller that waits says what it waits for, once a minute (sinks/outage.py).
+STORE_CLIENT_LOGGERS = ("urllib3.connectionpool", "clickhouse_connect.driver")
 
 
 class TransientClientNoise(logging.Filter):
@@ -61,7 +64,8 @@ class TransientClientNoise(logging.Filter):
 
 def quiet_transient_client_logs(grace_s: float = 60.0) -> TransientClientNoise:
     """Install one filter on every Kafka client logger that exists now (call it after importing the clients) and on
-    the root logger's handlers; returns it (its `demoted` counts what it kept out of the way)."""
+    the root logger's handlers, and keep the store's HTTP clients to their errors; returns the filter (its `demoted`
+    counts what it kept out of the way)."""
     noise = TransientClientNoise(grace_s, grace_s)
     names = [n for n in logging.root.manager.loggerDict if n.startswith(CLIENT_LOGGERS)] + list(CLIENT_LOGGERS)
     for name in names:
@@ -71,6 +75,8 @@ def quiet_transient_client_logs(grace_s: float = 60.0) -> TransientClientNoise:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, TransientClientNoise) for f in handler.filters):
             handler.addFilter(noise)
+    for name in STORE_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     return noise
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,18 +39,43 @@ class CommonSettings(BaseSettings):
     clickhouse_url: str | None = Field(
         default=None,
         validation_alias=AliasChoices("FLEETPULSE_CLICKHOUSE_URL", "CLICKHOUSE_URL"),
-        description="http[s]://user:pass@host:port for a server, or chdb:///path; unset = embedded chdb under data_dir",
+        description="http[s]://[user:pass@]host:port of a server, or chdb:// (embedded, under data_dir) or "
+                    "chdb:///path; unset = the project's local server (fleetpulse clickhouse start)",
     )
-    clickhouse_database: str = Field(default="default", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    local_clickhouse_http_port: int = Field(default=18123, ge=1024, le=65535,
+                                            description="the local ClickHouse server's HTTP port")
+    local_clickhouse_tcp_port: int = Field(default=19000, ge=1024, le=65535,
+                                           description="the local ClickHouse server's native-protocol port")
+    # One ClickHouse user per kind of work (core/clickhouse.py ROLES). Unset: on the local server its own users
+    # (fleetpulse_<role>, passwords made at its first start under data_dir/clickhouse/passwords/); on another server
+    # the URL's own user for every role.
+    clickhouse_writer_user: str | None = Field(default=None, min_length=1, description="the sink's inserts")
+    clickhouse_writer_password: SecretStr | None = None
+    clickhouse_owner_user: str | None = Field(default=None, min_length=1, description="DDL and migrations")
+    clickhouse_owner_password: SecretStr | None = None
+    clickhouse_analyst_user: str | None = Field(default=None, min_length=1,
+                                                description="read-only: query, report, page, Grafana")
+    clickhouse_analyst_password: SecretStr | None = None
+    clickhouse_database: str = Field(
+        default="fleetpulse", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the database of every table (not `default`: the local server's engine, clickhouse-local, makes "
+                    "that one an overlay of its files, which no materialized view may read without READ ON FILE)")
     clickhouse_cluster: str | None = Field(
         default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="a cluster of the server's remote_servers: replicated tables with Distributed ones over them, "
                     "every statement ON CLUSTER (docs/cluster.md); needs FLEETPULSE_CLICKHOUSE_URL",
     )
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", description="namespace before every topic name")
-    query_port: int = Field(default=18123, ge=1024, le=65535, description="embedded store's query endpoint")
+    sink_port: int = Field(default=18125, ge=1024, le=65535, description="the sink's /status and /metrics (and "
+                           "/query where it owns an embedded store)")
     page_port: int = Field(default=18124, ge=1024, le=65535, description="the fleet page (fleetpulse page, up)")
-    query_token: SecretStr | None = Field(default=None, description="bearer token the query endpoint requires")
+    sink_token: SecretStr | None = Field(default=None, description="bearer token the sink's endpoint requires")
+    # Limits of one analyst's answer: the local server's analyst profile (ClickHouse enforces them) and the guard of
+    # the embedded store (sinks/query_guard.py).
+    query_max_rows: int = Field(default=1_000_000, ge=1, description="rows one answer may hold")
+    query_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description="bytes one answer may hold")
+    query_max_seconds: float = Field(default=30.0, gt=0, le=3600, description="longest query an analyst may run")
+    query_max_memory_mb: int = Field(default=2048, ge=16, description="memory one query may use")
     # Retention tiers (schemas/ddl.py): per-second telemetry, scores, events and the rollups kept after the raw is gone.
     retention_telemetry_days: int = Field(default=30, ge=1, description="gpu_samples, nccl_timings")
     retention_scores_days: int = Field(default=90, ge=1, description="health_scores, stragglers")
@@ -122,18 +148,76 @@ class CommonSettings(BaseSettings):
     def uses_local_kafka(self) -> bool:
         return self.kafka_bootstrap_servers is None
 
+    @field_validator("clickhouse_url")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None or value.startswith("chdb://"):
+            return value
+        from core.clickhouse import redact  # (core.clickhouse reads these settings)
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{redact(value)!r} is not a store: give http[s]://host:port of a ClickHouse server, "
+                             "chdb:// for the embedded store, or leave it unset for the local server")
+        try:
+            parts.port
+        except ValueError:
+            raise ValueError(f"{redact(value)!r} has no valid port") from None
+        return value
+
     @property
     def chdb_path(self) -> Path:
         return (self.data_dir / "chdb").resolve()
 
     @property
+    def uses_local_clickhouse(self) -> bool:
+        """True when the store is the project's own local server (`fleetpulse clickhouse start`)."""
+        return self.clickhouse_url is None
+
+    @property
+    def local_clickhouse_home(self) -> Path:
+        """Config, data, log and the role passwords of the local server."""
+        return (self.data_dir / "clickhouse").resolve()
+
+    @property
     def clickhouse_dsn(self) -> str:
-        return self.clickhouse_url or f"chdb://{self.chdb_path}"
+        """The store as configured, with the URL's own credentials (if any): the local server when unset."""
+        if self.clickhouse_url is None:
+            return f"http://127.0.0.1:{self.local_clickhouse_http_port}"
+        if self.clickhouse_url == "chdb://":
+            return f"chdb://{self.chdb_path}"
+        return self.clickhouse_url
 
     @property
     def embedded_store(self) -> bool:
         """True when ClickHouse runs in-process (chdb): only one process may open the store."""
         return self.clickhouse_dsn.startswith("chdb://")
+
+    def clickhouse_credentials(self, role: str) -> tuple[str | None, str | None]:
+        """(user, password) of `role` (writer, owner or analyst): its own settings; else the local server's user for
+        it and the password made at that server's first start; else (None, None): the URL's own user."""
+        user = getattr(self, f"clickhouse_{role}_user")
+        secret = getattr(self, f"clickhouse_{role}_password")
+        password = secret.get_secret_value() if secret is not None else None
+        if self.uses_local_clickhouse:
+            user = user or f"fleetpulse_{role}"
+            if password is None:
+                try:
+                    password = (self.local_clickhouse_home / "passwords" / role).read_text().strip()
+                except OSError:
+                    password = None  # not started yet: the server refuses, and the caller says how to start it
+        return user, password
+
+    def clickhouse_dsn_as(self, role: str) -> str:
+        """The store's URL logged in as `role`'s user (the embedded store has no users: the same path)."""
+        dsn = self.clickhouse_dsn
+        user, password = self.clickhouse_credentials(role)
+        if self.embedded_store or user is None:
+            return dsn
+        parts = urlsplit(dsn)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        login = quote(user, safe="") + (f":{quote(password, safe='')}" if password is not None else "")
+        return urlunsplit(parts._replace(netloc=f"{login}@{host}"))
 
     def kafka_ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of every Kafka client (agent, sink, admin, stream worker): the configured CA, client
@@ -178,6 +262,9 @@ def _where(cls: type[BaseSettings], loc: tuple) -> str:
     if not loc:
         return "<root>"
     field = str(loc[0])
+    aliased = {choice: name for name, f in cls.model_fields.items()  # an aliased field is reported by its alias
+               for choice in getattr(f.validation_alias, "choices", ())}
+    field = aliased.get(field, field)
     info = cls.model_fields.get(field)
     alias = getattr(info.validation_alias, "choices", None) if info is not None else None
     env = str(alias[0]) if alias else f"{cls.model_config.get('env_prefix', '')}{field}".upper()

@@ -16,7 +16,7 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class Layout:
-    database: str = "default"
+    database: str = "fleetpulse"
     cluster: str | None = None
 
     def __post_init__(self) -> None:
