@@ -13,8 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -23,6 +21,7 @@ from pathlib import Path
 
 from core.errors import BrokerError
 from core.settings import CommonSettings
+from fleetpulse.local_process import LocalProcess, listening, log_tail
 
 POM = Path(__file__).parent / "kafka" / "pom.xml"
 KAFKA_VERSION = re.search(r"<kafka\.version>(.+?)</kafka\.version>", POM.read_text()).group(1)
@@ -36,22 +35,6 @@ log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.kafka.request.logger=WARN
 log4j.logger.state.change.logger=WARN
 """
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "<no log>"
-
-
-def _listening(port: int) -> bool:
-    """Whether something accepts TCP connections on 127.0.0.1:port (a connect probe never races the JVM's bind)."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 def _run_async(make_coro):
@@ -144,7 +127,7 @@ class TlsListener:
                 for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")]
 
 
-class LocalKafka:
+class LocalKafka(LocalProcess):
     """One KRaft broker+controller whose state lives under data_dir/kafka/ (node 1 alone), or one node of a
     LocalKafkaCluster (data_dir/kafka-<node>/, voting with the others)."""
 
@@ -212,33 +195,6 @@ class LocalKafka:
         elif self._read_pid_file().get("port") != self.port:
             raise BrokerError(f"the broker of {self.home} already runs (pid {running}) on another port; stop it first")
 
-    def kill(self) -> int | None:
-        """SIGKILL the node's process group at once (a crash, for tests); its pid, or None if none ran."""
-        pid = self._running_pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            while self._alive(pid):
-                time.sleep(0.05)
-        return pid
-
-    def stop(self, timeout: float = 30) -> bool:
-        """SIGTERM the broker's process group (controlled shutdown), SIGKILL after timeout; True if one was running."""
-        pid = self._running_pid()
-        if pid is None:
-            return False
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + wait
-            while self._alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if not self._alive(pid):
-                break
-        self.pid_file.unlink(missing_ok=True)
-        self._proc = None
-        return True
-
     def status(self) -> dict:
         """Whether our broker process runs and, if so, passes a quick round trip."""
         pid = self._running_pid()
@@ -248,7 +204,7 @@ class LocalKafka:
 
     def _launch(self) -> None:
         for port in (self.port, self.controller_port, *([self.tls.port] if self.tls else [])):
-            if _listening(port):
+            if listening(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is already in use by another process; "
                                   "stop it or choose another FLEETPULSE_LOCAL_KAFKA_PORT")
         java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else shutil.which("java")
@@ -303,33 +259,11 @@ class LocalKafka:
             "",
         ])
 
-    def _read_pid_file(self) -> dict:
-        try:
-            return json.loads(self.pid_file.read_text())
-        except (OSError, ValueError):
-            return {}
+    def _marker(self) -> bytes:
+        return str(self.properties).encode()
 
-    def _running_pid(self) -> int | None:
-        """The pid of our live broker; a pid file whose process is gone (or is someone else's) is removed."""
-        pid = self._read_pid_file().get("pid")
-        if isinstance(pid, int) and self._alive(pid):
-            return pid
-        self.pid_file.unlink(missing_ok=True)
-        return None
-
-    def _alive(self, pid: int) -> bool:
-        if self._proc is not None and self._proc.pid == pid:
-            return self._proc.poll() is None
-        if Path("/proc/self").exists():  # a reused pid, or a zombie (empty cmdline), is not our broker
-            try:
-                return str(self.properties).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                return False
-        try:  # no /proc (macOS): "the pid exists" is the best we can tell
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+    def ports(self) -> tuple[int, ...]:
+        return (self.port, self.controller_port)
 
 
 def _answers(bootstrap: str) -> bool:
@@ -348,11 +282,11 @@ def _ready(nodes: list[LocalKafka], bootstrap: str, timeout: float) -> str:
     while (left := deadline - time.monotonic()) > 0:
         for node in nodes:
             if node._running_pid() is None:
-                raise BrokerError(f"Kafka exited during start-up; {node.log_file}:\n{_tail(node.log_file)}")
+                raise BrokerError(f"Kafka exited during start-up; {node.log_file}:\n{log_tail(node.log_file)}")
         # Every node listening before the round trip: a cluster answers through any one node, so a node that failed
         # to bind its port (and is about to exit) would otherwise pass for a ready cluster. Quietly meanwhile: no
         # client logging connection refusals.
-        if not all(_listening(node.port) for node in nodes):
+        if not all(listening(node.port) for node in nodes):
             time.sleep(0.2)
             continue
         try:
@@ -360,7 +294,7 @@ def _ready(nodes: list[LocalKafka], bootstrap: str, timeout: float) -> str:
             return bootstrap
         except BrokerError:
             continue
-    logs = "".join(f"\n{node.log_file}:\n{_tail(node.log_file)}" for node in nodes)
+    logs = "".join(f"\n{node.log_file}:\n{log_tail(node.log_file)}" for node in nodes)
     raise BrokerError(f"Kafka at {bootstrap} not ready within {timeout:.0f}s;{logs}")
 
 

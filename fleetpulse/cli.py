@@ -14,6 +14,7 @@ from core.logs import quiet_transient_client_logs
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("fleetpulse.stack", "run broker, simulator, streams and sink with a live view"),
     "kafka": ("fleetpulse.broker_cli", "start, stop or check the local Kafka broker"),
+    "clickhouse": ("fleetpulse.clickhouse_cli", "start, stop or check the local ClickHouse server"),
     "simulate": ("agents.simulator.cli", "publish a simulated GPU fleet (with ground truth)"),
     "agent": ("agents.cli", "run the host agent's collectors and publish"),
     "xid": ("agents.xid_cli", "parse XID/SXid kernel-log lines, or classify one code with the catalog"),

@@ -14,10 +14,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.simulator.runner import simulate
 from core.settings import CommonSettings, load
-from fleetpulse.broker import LocalKafka, LocalKafkaCluster, _listening
+from fleetpulse.broker import LocalKafka, LocalKafkaCluster
+from fleetpulse.local_process import listening
 from schemas.provision import ensure_topics
 from schemas.topics import SAMPLES, XID
-from sinks import store
+from core.clickhouse import connect
 from tests.conftest import free_ports
 from tests.pipeline import worker_and_sink
 from tests.streams.test_worker_integration import wait_for
@@ -61,7 +62,7 @@ async def counted_run(tmp_path, disrupt) -> None:
         finally:
             await producer.stop()
 
-        db = store.connect(sink.settings)
+        db = connect(sink.settings, "owner")
 
         def count(sql: str):
             return db.query(sql).result_rows[0]
@@ -98,7 +99,7 @@ async def test_a_broker_killed_mid_run_loses_and_doubles_nothing(cluster, cluste
     victim = cluster.nodes[0]  # the first bootstrap address, and a controller voter
 
     async def kill() -> None:
-        assert victim.kill() is not None and not _listening(victim.port)
+        assert victim.kill() is not None and not listening(victim.port)
 
     await counted_run(tmp_path, kill)
     assert victim._running_pid() is None  # the rest of the run went through the two survivors
