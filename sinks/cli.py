@@ -7,23 +7,20 @@ import asyncio
 import signal
 
 from core.settings import load
-from sinks.query_server import serve
+from sinks.endpoint import serve
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", nargs="*", help="tables to feed (default: all)")
-    p.add_argument("--no-query-server", action="store_true", help="do not answer SQL on the query port")
+    p.add_argument("--no-http", action="store_true", help="serve no /status, /metrics or /query on the sink's port")
 
 
 async def run_sink(sink: ClickHouseSink, stop: asyncio.Event) -> ClickHouseSink:
-    """Run until `stop` is set; the process that owns an embedded store also answers queries on it."""
-    settings = sink.settings
-    await sink.open_store()
-    runner = None
-    if settings.embedded_store and settings.sink_serve_queries:
-        runner = await serve(sink, settings.query_port)
+    """Run until `stop` is set, serving the sink's endpoint meanwhile (from before the store is open: /status says
+    what the sink waits for)."""
+    runner = await serve(sink) if sink.settings.sink_http else None
     try:
         await sink.run(stop)
     finally:
@@ -33,8 +30,7 @@ async def run_sink(sink: ClickHouseSink, stop: asyncio.Event) -> ClickHouseSink:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = load(SinkSettings, sink_tables=args.tables or None,
-                    sink_serve_queries=False if args.no_query_server else None)
+    settings = load(SinkSettings, sink_tables=args.tables or None, sink_http=False if args.no_http else None)
 
     async def main() -> None:
         stop = asyncio.Event()

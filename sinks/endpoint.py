@@ -1,5 +1,7 @@
-"""HTTP endpoint of the process that owns the embedded store: SQL in, rows out (read-only, sinks/query_guard.py);
-plus /status. Loopback by default; bound elsewhere, every request must carry the configured bearer token."""
+"""The sink's HTTP endpoint: /status (JSON: tables, and whether it waits on its store) and /metrics (Prometheus) in
+every mode; /query, SQL in and rows out (read-only, sinks/query_guard.py), where the sink owns an embedded store and
+is the one process that may open it. Loopback by default; bound elsewhere, every request must carry the configured
+bearer token."""
 
 from __future__ import annotations
 
@@ -10,16 +12,17 @@ from aiohttp import web
 
 from sinks.query_guard import QueryRefused
 from sinks.runner import ClickHouseSink
+from sinks.status import exposition
 
 
 def make_app(sink: ClickHouseSink) -> web.Application:
-    token = sink.settings.query_token.get_secret_value() if sink.settings.query_token is not None else None
+    token = sink.settings.sink_token.get_secret_value() if sink.settings.sink_token is not None else None
 
     @web.middleware
     async def authorised(request: web.Request, handler):
         given = request.headers.get("Authorization", "")
         if token is not None and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return web.Response(status=401, text="a bearer token is required (FLEETPULSE_QUERY_TOKEN)\n")
+            return web.Response(status=401, text="a bearer token is required (FLEETPULSE_SINK_TOKEN)\n")
         return await handler(request)
 
     async def query(request: web.Request) -> web.Response:
@@ -35,15 +38,20 @@ def make_app(sink: ClickHouseSink) -> web.Application:
     async def status(_: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(sink.stats.as_dict()), content_type="application/json")
 
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=exposition(sink.stats), content_type="text/plain", charset="utf-8")
+
     app = web.Application(middlewares=[authorised], client_max_size=1024 * 1024)
-    app.router.add_post("/query", query)
+    if sink.settings.embedded_store:
+        app.router.add_post("/query", query)
     app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics)
     return app
 
 
-async def serve(sink: ClickHouseSink, port: int) -> web.AppRunner:
-    """Start serving on the settings' query_host (loopback by default):port; the caller cleans up the runner."""
+async def serve(sink: ClickHouseSink) -> web.AppRunner:
+    """Start serving on sink_host (loopback by default):sink_port; the caller cleans up the runner."""
     runner = web.AppRunner(make_app(sink), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, sink.settings.query_host, port).start()
+    await web.TCPSite(runner, sink.settings.sink_host, sink.settings.sink_port).start()
     return runner

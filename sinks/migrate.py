@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 
 from clickhouse_connect.driver.client import Client
 
+from core.clickhouse import connect
 from core.errors import StoreError
 from schemas.columns import INTEGER_TYPES, Column, inner_type
 from schemas.ddl import create_table, create_watermark_view
@@ -114,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if settings.clickhouse_cluster:
         raise StoreError(f"fleetpulse migrate rebuilds tables on one server; cluster {settings.clickhouse_cluster}'s "
                          "tables are rebuilt shard by shard as docs/cluster.md describes")
-    client = store.connect(settings)
-    store.apply_schema(client, settings)
+    store.prepare(settings)
+    client = connect(settings, "owner")
     done = migrate(client, settings.clickhouse_database, settings.topic_prefix, keep_old=args.keep_old)
     store.apply_schema(client, settings)
     for line in done or ["every table already has the current layout"]:

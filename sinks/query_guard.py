@@ -14,8 +14,8 @@ because the embedded engine runs every statement of a multi-statement text.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from core.clickhouse import QueryLimits
 from core.errors import StoreError
 
 ROOTS = {"SelectWithUnionQuery": "select", "ShowTables": "show", "DescribeQuery": "show",
@@ -34,19 +34,6 @@ class QueryRefused(StoreError):
     def __init__(self, message: str, status: int = 403):
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class QueryLimits:
-    max_rows: int = 1_000_000
-    max_bytes: int = 256 * 1024 * 1024
-    max_seconds: float = 30.0
-    max_memory_bytes: int = 2 * 1024**3
-
-    def clause(self) -> str:
-        return (f"SETTINGS readonly=1, max_result_rows={self.max_rows}, max_result_bytes={self.max_bytes}, "
-                f"result_overflow_mode='throw', max_execution_time={self.max_seconds:g}, "
-                f"max_memory_usage={self.max_memory_bytes}")
 
 
 def split(sql: str) -> tuple[str, str]:

@@ -1,4 +1,12 @@
-"""The sink loop: consume, decode to rows, insert per table, then commit; bad records to the dead-letter topic."""
+"""The sink loop: consume, check and batch per table, store each batch while the next gathers, then commit.
+
+The parts: sinks/batch.py (what a batch holds), sinks/inserts.py (storing one batch, refused rows set aside),
+sinks/outage.py (waiting out a store that is away: every write goes through it), sinks/watermarks.py (where a
+partition resumes), sinks/inflight.py (the batch a stopped sink was inserting, stored again), sinks/dead_letters.py,
+sinks/status.py (/status and /metrics). A store that stops taking writes holds the batch being stored; the batches
+behind it fill, and once one is full the sink pauses consuming (still polling, so the group keeps it) until the store
+takes writes again.
+"""
 
 from __future__ import annotations
 
@@ -6,68 +14,26 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from core.clickhouse import QueryLimits, connect
 from core.errors import DecodeError, StoreError
-from core.logs import LogBudget
-from schemas.provision import ensure_topics
-from schemas.dead_letter import dead_letter
 from schemas.json_intake import INTAKES
+from schemas.provision import ensure_topics
 from schemas.tables import TABLES, Table
 from sinks import inflight, store
-from sinks.batch import Batch, Entry
-from sinks.query_guard import QueryLimits
+from sinks.batch import Batch
+from sinks.dead_letters import DeadLetters
+from sinks.inserts import Inserter
+from sinks.outage import Outages
 from sinks.settings import SinkSettings
+from sinks.status import SinkStats, TableStats
+from sinks.watermarks import Rebalance
 
 log = logging.getLogger("fleetpulse.sink")
-
-
-@dataclass
-class TableStats:
-    rows: int = 0
-    records: int = 0
-    batches: int = 0
-    dead_letters: int = 0
-    last_insert_ms: float = 0.0
-    already_stored: int = 0  # replayed records at or below the stored watermark: skipped, still committed
-    split_batches: int = 0  # batches the store refused whole, inserted in parts around the records at fault
-    topic_resets: int = 0  # partitions found recreated (log end at or below the stored watermark): read as new
-    stored_again: int = 0  # last batches before a stop, inserted again at start with their token (sinks/inflight.py)
-
-
-@dataclass
-class SinkStats:
-    tables: dict[str, TableStats] = field(default_factory=dict)
-    started_at: float = field(default_factory=time.time)
-    ready: bool = False
-
-    def as_dict(self) -> dict:
-        return {
-            "ready": self.ready,
-            "uptime_s": round(time.time() - self.started_at, 1),
-            "tables": {name: vars(s) for name, s in self.tables.items()},
-        }
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, sink: ClickHouseSink):
-        self.sink = sink
-
-    async def on_partitions_revoked(self, revoked):
-        self.sink.generation += 1  # what the main loop fetched before this is no longer its to take
-        await self.sink.flush_all()
-
-    async def on_partitions_assigned(self, assigned):
-        # Paused until the sink has looked at them: the fetcher runs meanwhile, and records it returned before the
-        # seek (or before a recreated partition's watermark is gone) would be judged against the wrong offsets.
-        self.sink.consumer.pause(*assigned)
-        try:
-            await self.sink.seek_past_watermarks(assigned)
-        finally:
-            self.sink.consumer.resume(*assigned)
+HOLD_S = 1.0  # how long a due batch waits for the one being stored before the loop polls again
+STOP_GRACE_S = 20.0  # how long a stopping sink gives the store to take its last batches
 
 
 class ClickHouseSink:
@@ -83,19 +49,20 @@ class ClickHouseSink:
         self.by_topic = {t.topic.full(settings.topic_prefix): t for t in self.tables.values()}
         intakes = INTAKES if settings.sink_json_intake else {}
         self.batches = {topic: Batch(t, topic, intake=intakes.get(t.name)) for topic, t in self.by_topic.items()}
-        self.stats = SinkStats(tables={n: TableStats() for n in names})
-        # Writes go through one thread on one client; analysts' queries through another thread on a client of their
-        # own, so a long query never holds ingestion up: chdb runs the two side by side (measured: 3,000 inserts
-        # beside 4,000 queries from two threads, no error, every row there).
+        self.outages = Outages(wait_max_s=settings.sink_wait_max_s)
+        self.stats = SinkStats(tables={n: TableStats() for n in names}, outages=self.outages)
+        # Writes go through one thread on one client; analysts' queries (embedded store) through another thread on a
+        # client of their own, so a long query never holds ingestion up: chdb runs the two side by side (measured:
+        # 3,000 inserts beside 4,000 queries from two threads, no error, every row there).
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
         self.query_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-query")
         self.client = None
         self.query_client = None
-        s = settings
-        self.query_limits = QueryLimits(s.query_max_rows, s.query_max_bytes, s.query_max_seconds,
-                                        s.query_max_memory_mb << 20)
+        self.query_limits = QueryLimits.of(settings)
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
+        self.dead_letters: DeadLetters | None = None
+        self.inserter = Inserter(settings, self.on_store, self.outages, None, self.stats.tables)
         self.stored: dict[tuple[str, int], int] = {}  # highest offset already in ClickHouse, per partition
         # One batch is stored and committed (flush) while the next gathers. The rebalance listener runs in aiokafka's
         # own task, so it and the main loop may flush at once: `flushing` keeps settle-detach-store one step.
@@ -103,21 +70,32 @@ class ClickHouseSink:
         self.flushing = asyncio.Lock()
         self.failed: Exception | None = None  # what storing a batch raised: the sink stops on it, whoever saw it first
         self.generation = 0  # partition revocations so far
-        self.dlq_log = LogBudget()  # a flood of bad records is counted in full, logged 20 lines a minute
+        self.paused: set[TopicPartition] = set()  # paused by the sink behind a full batch
 
-    async def db(self, fn, *args, **kwargs):
+    async def on_store(self, fn, *args, **kwargs):
+        """`fn(*args)` on the store's thread."""
         return await asyncio.get_running_loop().run_in_executor(self.db_thread, lambda: fn(*args, **kwargs))
 
+    async def on_store_waiting(self, what: str, fn, *args):
+        """`fn(writer's client, *args)` on the store's thread, waited out while the store is away."""
+        return await self.outages.call(what, lambda: self.on_store(fn, self.client, *args))
+
     async def open_store(self) -> None:
-        self.client = await self.db(store.connect, self.settings)
-        for stmt in await self.db(store.apply_schema, self.client, self.settings):
-            log.warning("schema migration: %s", stmt)
-        drift = await self.db(store.schema_drift, self.client, self.settings.clickhouse_database,
-                              self.settings.clickhouse_cluster)
+        """The tables made or migrated by the schema owner (unless sink_apply_schema is off), then the writer's
+        client; waits while the store does not answer, stops on what waiting cannot mend."""
+        s = self.settings
+        if s.sink_apply_schema:
+            for stmt in await self.outages.call("applying the schema", lambda: self.on_store(store.prepare, s)):
+                log.warning("schema migration: %s", stmt)
+        self.client = await self.outages.call("connecting as the writer", lambda: self.on_store(connect, s, "writer"))
+        self.inserter.client = self.client
+        drift = await self.on_store_waiting("checking the tables", store.schema_drift, s.clickhouse_database,
+                                            s.clickhouse_cluster)
         if drift:
-            raise StoreError("live tables differ from the schemas: " + "; ".join(drift)
-                             + " (`fleetpulse migrate` rebuilds them in the current layout, with their rows)")
-        await self.db(store.record_rack_budgets, self.client, self.settings.rack_budgets())
+            fix = ("`fleetpulse migrate` rebuilds them in the current layout, with their rows" if s.sink_apply_schema
+                   else "the schema owner applies the DDL with `fleetpulse migrate`")
+            raise StoreError("live tables differ from the schemas: " + "; ".join(drift) + f" ({fix})")
+        await self.on_store_waiting("recording the rack budgets", store.record_rack_budgets, s.rack_budgets())
 
     async def start(self) -> None:
         if self.client is None:
@@ -126,12 +104,14 @@ class ClickHouseSink:
         await ensure_topics(kafka, prefix=self.settings.topic_prefix, replication=self.settings.replication)
         # What is already stored, before any fetch: take() refuses to insert at or below it even when the rebalance
         # listener's seek did not happen (a listener that raises is only logged by aiokafka).
-        self.stored = await self.db(store.watermarks, self.client)
-        for topic, epoch in (await self.db(store.topic_epochs, self.client)).items():
+        self.stored = await self.on_store_waiting("reading the watermarks", store.watermarks)
+        for topic, epoch in (await self.on_store_waiting("reading the topic resets", store.topic_epochs)).items():
             if topic in self.batches:
                 self.batches[topic].epoch = epoch
         self.producer = AIOKafkaProducer(**kafka, acks="all", enable_idempotence=True)
         await self.producer.start()
+        self.dead_letters = self.inserter.dead_letters = DeadLetters(self.producer, self.outages,
+                                                                     self.settings.topic_prefix)
         await self.store_inflight_again()
         self.consumer = AIOKafkaConsumer(
             **kafka,
@@ -140,14 +120,15 @@ class ClickHouseSink:
             auto_offset_reset="earliest",
             max_poll_records=self.settings.sink_fetch_max_records,
         )
-        self.consumer.subscribe(list(self.by_topic), listener=_Rebalance(self))
+        self.consumer.subscribe(list(self.by_topic), listener=Rebalance(self))
         await self.consumer.start()
         self.stats.ready = True
 
     async def store_inflight_again(self) -> None:
         """Insert the last batch of each topic again, same records, same token (sinks/inflight.py): a no-op when it
         was stored whole, the missing parts when the sink stopped mid-insert."""
-        for topic, (token, epoch, ranges) in (await self.db(store.last_inflight, self.client)).items():
+        for topic, (token, epoch, ranges) in (await self.on_store_waiting("reading the batches in flight",
+                                                                          store.last_inflight)).items():
             batch = self.batches.get(topic)
             if batch is None or epoch != batch.epoch:  # not fed here any more, or the topic was recreated since
                 continue
@@ -165,59 +146,12 @@ class ClickHouseSink:
                     continue  # dead-lettered when it was first read, before the insert
             again.ranges = {p: list(span) for p, span in ranges.items()}
             if again.rows and again.token() == token:
-                await self.insert_batch(again, again=True)
+                await self.inserter.store(again, again=True)
                 self.stats.tables[batch.table.name].stored_again += 1
 
-    async def seek_past_watermarks(self, assigned) -> None:
-        """Resume after the highest offset already stored, even where Kafka's commit lags behind it (the batch a sink
-        stopped in is stored again at start, sinks/inflight.py), and commit that position: the rows are durable, and the
-        group's lag would otherwise count them as unread until new records pass them. A partition that ends at or below
-        that offset was recreated and is read as new (reset_recreated)."""
-        marks = await self.db(store.watermarks, self.client)
-        await self.reset_recreated(assigned, marks)
-        self.stored = marks
-        behind: dict[TopicPartition, int] = {}
-        for tp in assigned:
-            stored = marks.get((tp.topic, tp.partition))
-            if stored is None:
-                continue
-            committed = await self.consumer.committed(tp)
-            if committed is None or committed <= stored:
-                self.consumer.seek(tp, stored + 1)
-                behind[tp] = stored + 1
-                log.info("resuming %s[%d] at %d after stored rows", tp.topic, tp.partition, stored + 1)
-        if behind:
-            try:
-                await self.consumer.commit(behind)
-            except KafkaError as exc:  # the store's watermark decides where to resume; the commit only shows it
-                log.warning("could not commit the stored positions %s: %r", behind, exc)
-
-    async def reset_recreated(self, assigned, marks: dict[tuple[str, int], int]) -> None:
-        """A partition whose log ends at or below the highest offset stored from it is not the one those rows came
-        from (a topic deleted and made again, a wiped broker, a store moved to another cluster): its offsets began
-        again, and skipping them as replays would lose every record. Its watermark goes (the reset is recorded in
-        sink_topic_resets, with a warning) and the topic's insert tokens take a new epoch. A recreated topic that has
-        already grown past the old watermark cannot be told apart by offsets (README, "The sink")."""
-        held = [tp for tp in assigned if (tp.topic, tp.partition) in marks]
-        if not held:
-            return
-        ends = await self.consumer.end_offsets(held)
-        for tp in held:
-            stored, end = marks[(tp.topic, tp.partition)], ends.get(tp)
-            if end is None or stored < end:
-                continue
-            await self.db(store.reset_watermark, self.client, tp.topic, tp.partition, stored, end,
-                          store.layout(self.settings))
-            del marks[(tp.topic, tp.partition)]
-            batch = self.batches[tp.topic]
-            batch.epoch += 1
-            self.stats.tables[batch.table.name].topic_resets += 1
-            log.warning("%s[%d] ends at offset %d but the store holds its rows up to offset %d: the topic was "
-                        "recreated (or this store belongs to another cluster); its records are stored as new ones "
-                        "(recorded in sink_topic_resets)", tp.topic, tp.partition, end, stored)
-
     async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
+        if not await self.started(stop):
+            return
         try:
             while not stop.is_set():
                 fetched = await self.consumer.getmany(timeout_ms=100, max_records=self.settings.sink_fetch_max_records)
@@ -229,9 +163,58 @@ class ClickHouseSink:
                         await self.flush(batch)
                 if self.failed is not None or (self.pending is not None and self.pending.done()):
                     await self.settle()  # what storing a batch raised, raised here
-            await self.flush_all()
+                self.pace()
+            await self.finish()
         finally:
             await self.close()
+
+    async def started(self, stop: asyncio.Event) -> bool:
+        """Start, unless `stop` comes first (the store away at start-up is waited for until then): False, with
+        everything closed, when it did."""
+        starting, stopped = asyncio.create_task(self.start()), asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            starting.cancel()
+            raise
+        finally:
+            stopped.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            log.warning("stopped before the sink started%s", f" (waiting for the store: {self.outages.current.name})"
+                        if self.outages.waiting else "")
+            await self.close()
+            return False
+        try:
+            starting.result()
+        except BaseException:
+            await self.close()
+            raise
+        return True
+
+    def pace(self) -> None:
+        """Pause consuming while a batch is full and cannot be stored yet (the store is busy with the last one, or
+        away); resume once none is. The loop still polls meanwhile, so the group keeps this member."""
+        full = any(b.count >= self.settings.sink_batch_max_rows for b in self.batches.values())
+        if full:
+            self.paused = set(self.consumer.assignment())  # again each time: a rebalance resumes what it assigns
+            self.consumer.pause(*self.paused)
+        elif self.paused:
+            self.consumer.resume(*(self.paused & set(self.consumer.assignment())))
+            self.paused = set()
+        self.stats.paused = bool(self.paused)
+
+    async def finish(self) -> None:
+        """On a stop: every batch stored and committed, unless the store is away or does not take them within
+        STOP_GRACE_S. What is not stored then is not committed either, and is read again at the next start."""
+        if self.outages.waiting:
+            return
+        try:
+            await asyncio.wait_for(self.flush_all(), STOP_GRACE_S)
+        except asyncio.TimeoutError:
+            log.warning("the store did not take the last batches within %g s of the stop: they are read again at the "
+                        "next start", STOP_GRACE_S)
 
     async def take(self, tp: TopicPartition, records, generation: int) -> None:
         """Batch the records fetched (dead-lettering the ones refused), flushing a full batch. Stops when the partitions
@@ -252,7 +235,8 @@ class ClickHouseSink:
                 value = batch.table.topic.decode_keyed(rec.key, rec.value)
                 rows, count = self.unit(batch, rec, value)
             except DecodeError as exc:
-                await self.send_dead_letter(tp.topic, tp.partition, rec.offset, rec.value, rec.key, str(exc))
+                await self.dead_letters.send(batch.table.topic, tp.topic, tp.partition, rec.offset, rec.value,
+                                             rec.key, str(exc))
                 stats.dead_letters += 1
                 if self.generation != generation:
                     return  # its offset is the next owner's to commit (it dead-letters it again: at least once)
@@ -272,21 +256,16 @@ class ClickHouseSink:
         count = len(value[table.items])
         return ([intake.line(rec.value, rec.partition, rec.offset, rec.timestamp)] if count else []), count
 
-    async def send_dead_letter(self, topic: str, partition: int, offset: int, value: bytes | None, key: bytes | None,
-                               reason: str) -> None:
-        key, value, headers = dead_letter(value, key=key, reason=reason, topic=topic, partition=partition,
-                                          offset=offset, component="sink")
-        base = self.by_topic[topic].topic
-        await self.producer.send_and_wait(base.dlq(self.settings.topic_prefix), value, key=key, headers=headers)
-        show, held = self.dlq_log.take()
-        if show:
-            log.warning("dead-lettered %s[%d]@%d: %s%s", topic, partition, offset, reason, self.dlq_log.suffix(held))
-
-    async def flush(self, batch: Batch) -> None:
+    async def flush(self, batch: Batch, hold_s: float | None = HOLD_S) -> None:
         """Store the batch's records and then commit their offsets, while the next ones are read: the insert runs on
-        the store's thread (the engine parses and writes there), one at a time. A second flush first waits for the
-        first to be stored and committed (settle), so offsets are committed in order, each after its rows."""
+        the store's thread (the engine parses and writes there), one at a time, so offsets are committed in order, each
+        after its rows. While the last batch is still being stored after `hold_s` (None: as long as it takes), this one
+        stays and gathers on; the loop comes back to it."""
         async with self.flushing:
+            if self.pending is not None and not self.pending.done() and hold_s is not None:
+                await asyncio.wait({self.pending}, timeout=hold_s)
+                if not self.pending.done():
+                    return
             await self._settle()
             if not batch.empty:
                 self.pending = asyncio.create_task(self.store_batch(batch.detach()))
@@ -309,110 +288,24 @@ class ClickHouseSink:
             raise self.failed
 
     async def store_batch(self, batch: Batch) -> None:
-        """Insert the batch (retrying what is retryable), then commit its offsets."""
+        """Record the batch as in flight, insert it, then commit its offsets; each step waited out while the store
+        (or the broker) is away."""
         stats = self.stats.tables[batch.table.name]
+        began = time.perf_counter()
         if batch.rows:
-            await self.db(store.record_inflight, self.client, batch.topic, batch.token(), batch.epoch, batch.ranges)
-            began = time.perf_counter()
-            stats.rows += await self.insert_batch(batch)
+            await self.on_store_waiting(f"recording the batch of {batch.table.name} in flight", store.record_inflight,
+                                        batch.topic, batch.token(), batch.epoch, batch.ranges)
+            stats.rows += await self.inserter.store(batch)
             stats.last_insert_ms = round((time.perf_counter() - began) * 1000, 2)
             stats.batches += 1
-        await self.consumer.commit({TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()})
-
-    async def insert_batch(self, batch: Batch, again: bool = False) -> int:
-        """Insert the batch; the rows stored. When the store refuses rows of it (a value a column cannot hold, a
-        constraint, too many partitions at once), the records behind them are found by halving and dead-lettered and
-        the rest stored, so one poison pill never stops the topic. A batch stored `again` at start-up was dead-lettered
-        from when it was first inserted: its refused records are not sent twice."""
-        try:
-            await self.insert_with_retry(batch, batch.rows, batch.token())
-            return batch.count
-        except StoreError as exc:
-            if not exc.bad_rows:
-                raise
-            if batch.intake is not None and await self.stored_as_rows(batch, batch.entries, batch.token(), exc):
-                return batch.count
-            log.warning("%s refused rows of a batch of %d records (%s); finding the records at fault",
-                        batch.table.name, len(batch.entries), exc)
-            self.stats.tables[batch.table.name].split_batches += 1
-            batch.canonical_order()
-            refused = await self.isolate(batch, batch.entries, exc, dead_letter=not again)
-            if len(refused) == len(batch.entries) > 1:
-                log.error("%s refused every one of %d records (%s): the table itself may be at fault; they are in %s",
-                          batch.table.name, len(refused), exc, batch.table.topic.dlq(self.settings.topic_prefix))
-        return batch.count - sum(e.count for e in refused)
-
-    async def isolate(self, batch: Batch, entries: list[Entry], exc: StoreError,
-                      dead_letter: bool = True) -> list[Entry]:
-        """`entries` (whose insert failed with `exc`) halved until each failing record stands alone: its dead letter
-        goes out, the halves that insert are stored. In order, so what is stored of a partition is always a prefix of
-        the batch's records (the resume watermark, the highest stored offset, stays true across a crash)."""
-        if len(entries) == 1:
-            e = entries[0]
-            if batch.intake is not None and await self.stored_as_rows(batch, entries, batch.segment_token(entries),
-                                                                      exc):
-                return []
-            if dead_letter:
-                await self.send_dead_letter(batch.topic, e.partition, e.offset, e.value, e.key,
-                                            f"the store refused it: {exc}")
-                self.stats.tables[batch.table.name].dead_letters += 1
-            return [e]
-        refused: list[Entry] = []
-        mid = len(entries) // 2
-        for half in (entries[:mid], entries[mid:]):
-            try:
-                await self.insert_with_retry(batch, batch.rows[half[0].start:half[-1].end], batch.segment_token(half))
-            except StoreError as sub:
-                if not sub.bad_rows:
-                    raise
-                refused += await self.isolate(batch, half, sub, dead_letter)
-        return refused
-
-    async def stored_as_rows(self, batch: Batch, entries: list[Entry], token: str, exc: StoreError) -> bool:
-        """Records the checks passed and the engine's extraction refused (`exc`), stored the way of the other tables:
-        their rows from Python, under a token of their own (the same on a replay). The whole batch is tried this way
-        first (a JSON form the validator reads and ClickHouse's parser does not, such as a key given twice, costs one
-        more insert), then each record that still stands alone in `isolate`. False when the store refuses those rows
-        too (a constraint, a value out of a column's range): the records at fault are found by halving."""
-        table = batch.table
-        rows = [row for e in entries
-                for row in table.rows(table.topic.decode_keyed(e.key, e.value), e.partition, e.offset, e.kafka_ts)]
-        try:
-            await self.insert_with_retry(batch, rows, token + "|rows", as_rows=True)
-        except StoreError as refused:
-            if not refused.bad_rows:
-                raise
-            return False
-        show, held = self.dlq_log.take()
-        if show:
-            first = entries[0]
-            log.warning("%s[%d]@%d (%d records): stored from Python rows, the engine refused their JSON: %s%s",
-                        batch.topic, first.partition, first.offset, len(entries), exc, self.dlq_log.suffix(held))
-        return True
-
-    async def insert_with_retry(self, batch: Batch, rows: list, token: str, as_rows: bool = False) -> None:
-        s = self.settings
-        if batch.intake is None or as_rows:
-            call = (store.insert, self.client, batch.table.name, batch.table.column_names, rows, token,
-                    s.sink_max_partitions_per_insert)
-        else:
-            call = (store.insert_lines, self.client, batch.table.name, batch.intake, rows, token,
-                    s.sink_max_partitions_per_insert, s.embedded_store)
-        for attempt in range(self.settings.sink_insert_retries + 1):
-            try:
-                await self.db(*call)
-                return
-            except StoreError as exc:
-                if not exc.retryable or attempt == self.settings.sink_insert_retries:
-                    raise
-                delay = min(0.2 * 2**attempt, 10.0)
-                log.warning("retryable insert failure (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)  # consumption stops at the next full batch: the sink pauses, never drops
+        offsets = {TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()}
+        await self.outages.call(f"committing {batch.topic}", lambda: self.consumer.commit(offsets))
+        stats.insert_seconds += time.perf_counter() - began
 
     async def flush_all(self) -> None:
         """Every batch stored and committed before this returns (a revoked partition, a stop)."""
         for batch in self.batches.values():
-            await self.flush(batch)
+            await self.flush(batch, hold_s=None)
         await self.settle()
 
     async def query(self, sql: str) -> bytes:
@@ -420,17 +313,23 @@ class ClickHouseSink:
         store), within the settings' limits, on the query thread: inserts go on meanwhile."""
         def run() -> bytes:
             if self.query_client is None:
-                self.query_client = store.connect(self.settings)
+                self.query_client = connect(self.settings, "analyst")
             return store.run_guarded(self.query_client, sql, self.query_limits)
 
         return await asyncio.get_running_loop().run_in_executor(self.query_thread, run)
 
     async def close(self) -> None:
         self.stats.ready = False
+        if self.outages.waiting and self.pending is not None and not self.pending.done():
+            # Stopping while the store is away: what is not stored is not committed, and is read again at the next
+            # start (the batch in flight, if it was recorded, is stored again under its token: sinks/inflight.py).
+            log.warning("stopping while the store is away (%s): the batch not stored is read again at the next start",
+                        self.outages.current.name)
+            self.pending.cancel()
         try:  # stopping on an error: the batch being stored finishes (or fails) before the consumer goes
             await self.settle()
-        except Exception as exc:  # the error that stopped the sink is the one raised
-            log.warning("stopping with a batch not stored (%s): its records are read again at the next start", exc)
+        except (Exception, asyncio.CancelledError) as exc:  # the error that stopped the sink is the one raised
+            log.warning("stopping with a batch not stored (%r): its records are read again at the next start", exc)
         if self.consumer is not None:
             await self.consumer.stop()
         if self.producer is not None:

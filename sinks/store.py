@@ -7,30 +7,20 @@ import re
 import tempfile
 from datetime import datetime, timezone
 
-import clickhouse_connect
 from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
+from core.clickhouse import QueryLimits, connect, store_error
 from core.errors import StoreError
 from core.settings import CommonSettings
-from schemas.ddl import days, expected_columns, normalise_codec, rollup_statements, table_statements, ttl_expression
+from schemas.ddl import (WATERMARKS, days, expected_columns, normalise_codec, rollup_statements, table_statements,
+                         ttl_expression)
 from schemas.json_intake import SETTINGS as JSON_INTAKE_SETTINGS, JsonIntake
 from schemas.layout import Layout
 from schemas.rollups import ROLLUPS
 from schemas.tables import TABLES
-from sinks.query_guard import QueryLimits, guarded, split
+from sinks.query_guard import guarded
 
 log = logging.getLogger("fleetpulse.store")
-
-# Error codes worth retrying: timeouts, too many parts/simultaneous queries, memory, network, readonly replica.
-RETRYABLE_CODES = {159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999}
-# Errors about the rows themselves: no retry mends them, but the other rows of the insert can still be stored.
-# CANNOT_PARSE_*, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND, CANNOT_CONVERT_TYPE, INCORRECT_DATA, TOO_LARGE_STRING_SIZE,
-# VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE, CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN, VIOLATED_CONSTRAINT.
-BAD_ROW_CODES = {6, 27, 38, 41, 53, 69, 70, 72, 117, 131, 321, 349, 469}
-# Code 252 is also "too many parts", which waiting mends; this one only a smaller insert does.
-TOO_MANY_PARTITIONS = "Too many partitions for single INSERT block"
-MESSAGE_MAX = 2000
 
 # Explicit on every insert: ClickHouse >= 26.2 changed the defaults (async inserts, deduplication). On a cluster the
 # insert into a Distributed table returns once every shard stored its rows, under the same token (docs/cluster.md).
@@ -54,18 +44,14 @@ def layout(settings: CommonSettings) -> Layout:
     return Layout(settings.clickhouse_database, settings.clickhouse_cluster)
 
 
-def connect(settings: CommonSettings) -> Client:
-    """A client on the configured database, creating the database if needed."""
-    dsn = settings.clickhouse_dsn
+def prepare(settings: CommonSettings) -> list[str]:
+    """As the schema owner: the database, then every table, rollup and view (apply_schema); the migrations run."""
+    client = connect(settings, "owner")
     try:
-        bootstrap = clickhouse_connect.get_client(dsn=dsn)
-        bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {settings.clickhouse_database}")
-        client = clickhouse_connect.get_client(dsn=dsn, database=settings.clickhouse_database)
+        return apply_schema(client, settings)
+    finally:
         if not settings.embedded_store:  # closing an embedded client can shut the in-process engine
-            bootstrap.close()
-        return client
-    except Exception as exc:
-        raise as_store_error(exc, f"cannot open ClickHouse at {redact(dsn)}") from exc
+            client.close()
 
 
 def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
@@ -76,6 +62,7 @@ def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
     shape = layout(settings)
     database = shape.database
     existed = _tables(client, shape)
+    _refuse_dropped_tables(client, settings, existed)
     for stmt in table_statements(shape, settings.topic_prefix, settings.retention):
         _command(client, stmt, f"DDL failed: {stmt.splitlines()[0]}")
     added = add_missing_columns(client, database, shape.cluster)
@@ -96,6 +83,26 @@ def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
     return added
 
 
+def _refuse_dropped_tables(client: Client, settings: CommonSettings, existed: set[str]) -> None:
+    """A table missing from a store that holds rows of its topic (its watermarks say so) was dropped: made anew, it
+    would hold only what comes next, and its rollups would disagree with it. That stops the caller with the reason. A
+    table missing from a store that never held its topic's rows is made (logged, where the store has other tables)."""
+    missing = [t for t in TABLES.values() if t.name not in existed]
+    if not missing or not existed:
+        return
+    held = {topic for topic, _ in watermarks(client)} if WATERMARKS in existed else set()
+    dropped = [t for t in missing if t.topic.full(settings.topic_prefix) in held]
+    if dropped:
+        names = ", ".join(t.name for t in dropped)
+        raise StoreError(f"{names} missing from {settings.clickhouse_database}, whose watermarks say rows of "
+                         f"{', '.join(t.topic.full(settings.topic_prefix) for t in dropped)} were stored there: a table "
+                         "was dropped (or the store damaged). Made anew, it would hold only what comes next and "
+                         "disagree with its rollups; restore it, or drop the database to store what Kafka still holds "
+                         "from the start", action=StoreError.STOP)
+    for table in missing:
+        log.warning("making the table %s, missing from a store that has the others", table.name)
+
+
 def _tables(client: Client, shape: Layout) -> set[str]:
     """The tables that keep rows, by the name the sink and analysts use (on a cluster, those with a local table)."""
     rows = client.query("SELECT name FROM system.tables WHERE database = {db:String}",
@@ -107,7 +114,7 @@ def _command(client: Client, stmt: str, context: str) -> None:
     try:
         client.command(stmt)
     except Exception as exc:
-        raise as_store_error(exc, context) from exc
+        raise store_error(exc, context) from exc
 
 
 def _retention_changes(client: Client, settings: CommonSettings, shape: Layout) -> list[tuple[str, str]]:
@@ -228,7 +235,7 @@ def record_inflight(client: Client, topic: str, token: str, epoch: int, ranges: 
         client.insert("sink_inflight", [(datetime.now(timezone.utc), topic, token, epoch, spans)],
                       column_names=["at", "topic", "token", "epoch", "ranges"], settings=OWN_RECORD_SETTINGS)
     except Exception as exc:
-        raise as_store_error(exc, "cannot record the batch in flight") from exc
+        raise store_error(exc, "cannot record the batch in flight") from exc
 
 
 def last_inflight(client: Client) -> dict[str, tuple[str, int, dict[int, list[int]]]]:
@@ -248,7 +255,7 @@ def record_rack_budgets(client: Client, budgets: dict[str, float]) -> None:
         client.insert("rack_budgets", [(rack, watts, now) for rack, watts in sorted(budgets.items())],
                       column_names=["rack", "budget_w", "set_at"], settings=OWN_RECORD_SETTINGS)
     except Exception as exc:
-        raise as_store_error(exc, "cannot record the rack budgets") from exc
+        raise store_error(exc, "cannot record the rack budgets") from exc
 
 
 def reset_watermark(client: Client, topic: str, partition: int, stored: int, log_end: int,
@@ -267,7 +274,7 @@ def reset_watermark(client: Client, topic: str, partition: int, stored: int, log
             client.command(f"ALTER TABLE {shape.local('sink_watermarks')}{shape.on} DELETE WHERE topic = '{topic}' "
                            f"AND partition = {int(partition)}", settings={"mutations_sync": 2})
     except Exception as exc:
-        raise as_store_error(exc, f"cannot reset the watermark of {topic}[{partition}]") from exc
+        raise store_error(exc, f"cannot reset the watermark of {topic}[{partition}]") from exc
 
 
 def insert(client: Client, table: str, column_names: list[str], rows: list[tuple], token: str,
@@ -279,11 +286,11 @@ def insert(client: Client, table: str, column_names: list[str], rows: list[tuple
                       settings={**INSERT_SETTINGS, "insert_deduplication_token": token,
                                 "max_partitions_per_insert_block": max_partitions})
     except Exception as exc:
-        raise as_store_error(exc, f"insert into {table} failed") from exc
+        raise store_error(exc, f"insert into {table} failed") from exc
 
 
-def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[bytes], token: str,
-                 max_partitions: int = 1000, embedded: bool = True) -> None:
+def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[bytes], token: str, *,
+                 embedded: bool, max_partitions: int = 1000) -> None:
     """insert(), for a table whose rows the engine extracts from the records' JSON lines (schemas/json_intake.py): one
     INSERT ... SELECT, under the token, reading the lines from the request's body on a server, from a file the
     embedded engine reads (removed after) on chdb."""
@@ -299,13 +306,7 @@ def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[byt
             file.flush()
             client.command(intake.statement(table, file.name), settings={**settings, **EMBEDDED_PARSE_SETTINGS})
     except Exception as exc:
-        raise as_store_error(exc, f"insert into {table} failed") from exc
-
-
-def run_sql(client: Client, sql: str) -> bytes:
-    """Raw output of one statement: tab-separated unless the statement names its own FORMAT."""
-    body, fmt = split(sql)
-    return client.raw_query(body, fmt=fmt)
+        raise store_error(exc, f"insert into {table} failed") from exc
 
 
 def run_guarded(client: Client, sql: str, limits: QueryLimits) -> bytes:
@@ -314,43 +315,10 @@ def run_guarded(client: Client, sql: str, limits: QueryLimits) -> bytes:
         try:
             return client.raw_query(f"EXPLAIN AST {statement}", fmt="TabSeparated").decode()
         except Exception as exc:
-            raise as_store_error(exc, "EXPLAIN AST failed") from exc
+            raise store_error(exc, "EXPLAIN AST failed") from exc
 
     statement, fmt = guarded(ast_of, sql, limits)
     try:
         return client.raw_query(statement, fmt=fmt)
     except Exception as exc:
-        raise as_store_error(exc, "query failed") from exc
-
-
-def as_store_error(exc: Exception, context: str) -> StoreError:
-    """Decide retryable vs fatal at the edge, from the ClickHouse error code or the transport. The engine's message
-    is cut at MESSAGE_MAX characters: it can quote the whole statement, data included."""
-    if isinstance(exc, StoreError):
-        return exc
-    message = str(exc)
-    if len(message) > MESSAGE_MAX:
-        message = message[:MESSAGE_MAX] + f"… ({len(message) - MESSAGE_MAX} more characters)"
-    code = getattr(exc, "code", None)
-    if isinstance(exc, DataError) or code in BAD_ROW_CODES or (code == 252 and TOO_MANY_PARTITIONS in str(exc)):
-        return StoreError(f"{context}: {message}", bad_rows=True)  # DataError: the client could not encode a value
-    retryable = isinstance(exc, OperationalError) or code in RETRYABLE_CODES
-    if isinstance(exc, DatabaseError) and code is not None and code not in RETRYABLE_CODES:
-        retryable = False
-    return StoreError(f"{context}: {message}", retryable=retryable)
-
-
-def redact(dsn: str) -> str:
-    """The URL with its user, password and any secret-looking query parameter replaced by ***: a password may hold an
-    '@' (only the last one ends the user part) or come as ?password=…."""
-    scheme, sep, rest = dsn.partition("://")
-    if not sep:
-        return dsn
-    netloc, slash, tail = rest.partition("/")
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    tail = _SECRET_PARAM.sub(lambda m: m.group(1) + "***", tail)
-    return f"{scheme}://{netloc}{slash}{tail}"
-
-
-_SECRET_PARAM = re.compile(r"((?:^|[?&;])[^=&;]*(?:password|passwd|secret|token|key)[^=&;]*=)[^&;]*", re.IGNORECASE)
+        raise store_error(exc, "query failed") from exc

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agents.simulator.runner import FleetSimulator
+from core.clickhouse import connect
 from core.errors import StoreError
 from core.settings import CommonSettings
 from schemas.tables import TABLES
@@ -24,11 +25,10 @@ V1 = Path(__file__).with_name("data") / "gpu_samples_v1.sql"  # `fleetpulse ddl`
 @pytest.fixture
 def db(clickhouse_url, clickhouse_database):
     cfg = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database)
-    client = store.connect(cfg)
+    client = connect(cfg, "owner")
     client.command(V1.read_text().replace("{database}", clickhouse_database))
     store.apply_schema(client, cfg)  # every other table, and the watermark view on the old gpu_samples
     yield client
-    client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")
 
 
 NEWER = ("power_default_limit_w",)  # fields added since the v1 layout: its agents never sent them

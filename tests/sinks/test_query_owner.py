@@ -1,4 +1,5 @@
-"""The process that owns the embedded store answers queries for everyone else, while it writes."""
+"""The process that owns the embedded store answers queries for everyone else, while it writes (a server answers
+them itself: tests/fleetpulse/test_query_reads.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
 from tests.sinks.test_sink_end_to_end import produce, sample
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.embedded]
+
+
+@pytest.fixture(autouse=True)
+def embedded(settings_env, embedded_clickhouse_url, monkeypatch):
+    """The sink owns an embedded store here: the shape in which it answers queries for other processes."""
+    monkeypatch.setenv("FLEETPULSE_CLICKHOUSE_URL", embedded_clickhouse_url)
 
 
 def free_port() -> int:
@@ -29,7 +36,7 @@ def free_port() -> int:
 
 
 async def test_running_sink_serves_sql_and_status(settings_env):
-    settings = load(SinkSettings, sink_batch_max_seconds=0.2, query_port=free_port())
+    settings = load(SinkSettings, sink_batch_max_seconds=0.2, sink_port=free_port())
     now = time.time()
     await produce(settings, [sample(h, s, now) for s in range(4) for h in range(3)])
     stop = asyncio.Event()
@@ -45,7 +52,7 @@ async def test_running_sink_serves_sql_and_status(settings_env):
         assert csv == b"96\n"
         with pytest.raises(StoreError, match="UNKNOWN_TABLE|does not exist"):
             await asyncio.to_thread(ask_owner, settings, "SELECT * FROM no_such_table")
-        url = f"http://127.0.0.1:{settings.query_port}/status"
+        url = f"http://127.0.0.1:{settings.sink_port}/status"
         status = orjson.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read()))
         assert status["ready"] and status["tables"]["gpu_samples"]["rows"] == 96
     finally:
@@ -73,7 +80,7 @@ HOSTILE = {  # statement -> what the refusal says (each was run for real against
 
 
 async def test_the_endpoint_answers_only_bounded_read_only_statements(settings_env):
-    settings = load(SinkSettings, sink_batch_max_seconds=0.2, query_port=free_port(), query_max_rows=1000)
+    settings = load(SinkSettings, sink_batch_max_seconds=0.2, sink_port=free_port(), query_max_rows=1000)
     now = time.time()
     await produce(settings, [sample(h, s, now) for s in range(2) for h in range(3)])
     stop = asyncio.Event()
@@ -114,15 +121,15 @@ async def test_the_endpoint_answers_only_bounded_read_only_statements(settings_e
 def test_an_endpoint_off_loopback_needs_a_token(settings_env, monkeypatch):
     from core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="query_host"):
-        load(SinkSettings, query_host="0.0.0.0")
-    monkeypatch.setenv("FLEETPULSE_QUERY_TOKEN", "t0ken")
-    assert load(SinkSettings, query_host="0.0.0.0").query_token.get_secret_value() == "t0ken"
+    with pytest.raises(ConfigError, match="sink_host"):
+        load(SinkSettings, sink_host="0.0.0.0")
+    monkeypatch.setenv("FLEETPULSE_SINK_TOKEN", "t0ken")
+    assert load(SinkSettings, sink_host="0.0.0.0").sink_token.get_secret_value() == "t0ken"
 
 
 async def test_a_token_guards_the_endpoint_when_one_is_set(settings_env, monkeypatch):
-    monkeypatch.setenv("FLEETPULSE_QUERY_TOKEN", "t0ken")
-    settings = load(SinkSettings, query_port=free_port())
+    monkeypatch.setenv("FLEETPULSE_SINK_TOKEN", "t0ken")
+    settings = load(SinkSettings, sink_port=free_port())
     stop = asyncio.Event()
     task = asyncio.create_task(run_sink(ClickHouseSink(settings), stop))
     try:
@@ -132,7 +139,7 @@ async def test_a_token_guards_the_endpoint_when_one_is_set(settings_env, monkeyp
             answer = await asyncio.to_thread(ask_owner, settings, "SELECT 1")
             await asyncio.sleep(0.2)
         assert answer == b"1\n"
-        anonymous = settings.model_copy(update={"query_token": None})
+        anonymous = settings.model_copy(update={"sink_token": None})
         with pytest.raises(StoreError, match="bearer token is required"):
             await asyncio.to_thread(ask_owner, anonymous, "SELECT 1")
     finally:
@@ -142,7 +149,7 @@ async def test_a_token_guards_the_endpoint_when_one_is_set(settings_env, monkeyp
 
 async def test_a_long_analyst_query_leaves_ingestion_running(settings_env):
     # The query takes ~20 s here, more on a busy machine: the limit is raised so that it ends by itself.
-    settings = load(SinkSettings, sink_batch_max_seconds=0.2, query_port=free_port(), query_max_seconds=180)
+    settings = load(SinkSettings, sink_batch_max_seconds=0.2, sink_port=free_port(), query_max_seconds=180)
     stop = asyncio.Event()
     sink = ClickHouseSink(settings)
     task = asyncio.create_task(run_sink(sink, stop))

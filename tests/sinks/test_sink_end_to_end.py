@@ -22,6 +22,7 @@ from schemas.events import XidEvent
 from schemas.telemetry import GpuReading, HostSample
 from schemas.topics import SAMPLES, XID
 from schemas.tables import TABLES
+from core.clickhouse import connect
 from sinks import store
 from sinks.batch import Batch
 from sinks.cli import run_sink
@@ -72,12 +73,12 @@ async def read_dead_letters(settings: SinkSettings, topic) -> list[tuple[dict, b
 
 
 def rows_in(settings: SinkSettings, sql: str):
-    return store.connect(settings).query(sql).result_rows
+    return connect(settings, "owner").query(sql).result_rows
 
 
 @pytest.fixture
 def settings(settings_env) -> SinkSettings:
-    return load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False)
+    return load(SinkSettings, sink_batch_max_seconds=0.3, sink_http=False)
 
 
 async def test_a_run_of_known_size_lands_exactly_once_and_replays_add_nothing(settings):
@@ -116,7 +117,7 @@ async def test_a_sink_stopped_between_an_insert_and_its_views_stores_the_rest_an
     """The crash the in-flight record is for (sinks/inflight.py): the raw part written, the watermark and rollup views'
     parts not. Reading on from Kafka's commit would store the raw rows twice under other tokens; from the watermark,
     the rollups would lose them."""
-    client = store.connect(settings)
+    client = connect(settings, "owner")
     store.apply_schema(client, settings)
     now = time.time()
     samples = [sample(h, s, now) for s in range(5) for h in range(6)]
@@ -165,7 +166,7 @@ async def test_poison_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(s
 
 
 async def test_a_column_the_schemas_gained_is_added_to_an_old_table_in_its_place(settings):
-    client = store.connect(settings)
+    client = connect(settings, "owner")
     store.apply_schema(client, settings)
     client.command("ALTER TABLE sim_truth DROP COLUMN cause")  # a store from before InjectedFault.cause
     for rollup in ROLLUPS.values():  # and before the rollups, which read hbm_temp_c
@@ -184,7 +185,7 @@ async def test_a_column_the_schemas_gained_is_added_to_an_old_table_in_its_place
 
 
 async def test_live_table_drift_stops_the_sink_at_start(settings):
-    client = store.connect(settings)
+    client = connect(settings, "owner")
     store.apply_schema(client, settings)
     client.command("ALTER TABLE gpu_samples MODIFY COLUMN hbm_temp_c Nullable(Float32)")
     from core.errors import StoreError
@@ -197,7 +198,7 @@ async def test_live_table_drift_stops_the_sink_at_start(settings):
 async def test_a_record_the_store_refuses_is_dead_lettered_once_and_the_rest_of_its_batch_is_stored(settings):
     # A constraint the operator added: the real engine refuses the rows that break it, whole inserts at a time. It names
     # the stored column: an ALIAS (power_w) is not there when a constraint is checked.
-    client = store.connect(settings)
+    client = connect(settings, "owner")
     store.apply_schema(client, settings)
     client.command("ALTER TABLE gpu_samples ADD CONSTRAINT no_999_watts CHECK power_mw IS NULL OR power_mw != 999000")
     now = time.time()
@@ -290,7 +291,7 @@ async def test_a_rebalance_that_flushes_while_the_main_loop_flushes_stores_and_c
 
 async def test_a_table_that_refuses_every_record_dead_letters_them_all_and_says_the_table_may_be_at_fault(
         settings, caplog):
-    client = store.connect(settings)
+    client = connect(settings, "owner")
     store.apply_schema(client, settings)
     client.command("ALTER TABLE gpu_samples ADD CONSTRAINT nothing CHECK power_mw IS NULL")
     samples = [sample(h, 0, time.time()) for h in range(4)]

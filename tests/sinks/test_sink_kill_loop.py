@@ -1,6 +1,7 @@
 """The sink killed with SIGKILL ten times at random points while every raw topic keeps receiving records: restarted
-each time on the same embedded store, it ends with every record of every topic stored exactly once (nothing lost,
-nothing doubled), in each raw table and in the rollups its views feed."""
+each time on the same embedded store (the shape where the sink process owns the store and answers for it), it ends
+with every record of every topic stored exactly once (nothing lost, nothing doubled), in each raw table and in the
+rollups its views feed. The same against a server killed under the sink: tests/sinks/test_sink_store_outages.py."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.conftest import REPO, _free_port
 from tests.hostile_corpus import GOOD
 from tests.sinks.test_sink_end_to_end import sample
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.embedded]
 KILLS, SAMPLES_TOTAL = 10, 3000
 
 
@@ -39,9 +40,9 @@ async def test_the_sink_killed_ten_times_while_data_flows_loses_and_doubles_noth
     await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_CLICKHOUSE_URL": f"chdb://{tmp_path / 'store'}",
-           "FLEETPULSE_QUERY_PORT": str(port), "FLEETPULSE_SINK_BATCH_MAX_SECONDS": "0.2",
+           "FLEETPULSE_SINK_PORT": str(port), "FLEETPULSE_SINK_BATCH_MAX_SECONDS": "0.2",
            "FLEETPULSE_SINK_BATCH_MAX_ROWS": "2000"}
-    asking = settings.model_copy(update={"query_port": port})
+    asking = settings.model_copy(update={"sink_port": port})
     now = time.time() - 600
 
     others = [topic for topic in GOOD if topic is not SAMPLES]

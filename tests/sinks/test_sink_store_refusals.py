@@ -1,14 +1,13 @@
-"""The sink while the store refuses its inserts, on the real broker and the real ClickHouse engine: the engine's own
-TOO_MANY_PARTS (code 252, which waiting mends), brought on by lowering the table's `parts_to_throw_insert` to 1.
-
-Refused for a while, the sink retries with backoff (sinks/runner.py insert_with_retry) and, once the store takes
-inserts again, stores every record once. Refused past its retries, it stops with the error, having committed nothing it
-did not store, and the next sink stores the rest once. Not a server that stops answering (no ClickHouse server can run
-here; docs/cluster.md): the same retry path, entered by an engine error instead of a dropped connection."""
+"""The sink while the store refuses its inserts for a while, on the real broker and a real ClickHouse: the engine's own
+TOO_MANY_PARTS (code 252, brought on by lowering the table's `parts_to_throw_insert` to 1), and, on the project's
+server, the writer's insert quota used up (QUOTA_EXCEEDED). Waiting mends both: the sink holds its batch, says what it
+waits for, never gives up (it once stopped after 8 tries, 33 s), commits nothing it did not store, and once the store
+takes inserts again stores every record once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -17,27 +16,29 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from core.errors import StoreError
-from core.settings import load
+from core.clickhouse import connect
+from core.settings import CommonSettings, load
+from fleetpulse.clickhouse_server import LocalClickHouse, Quota
 from schemas.provision import ensure_topics
 from schemas.topics import XID
 from sinks import store
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
+from tests.conftest import free_ports
 from tests.streams.helpers import until
 
 pytestmark = pytest.mark.integration
 ROUND = 20  # XID lines per round
-RETRIES = 6  # backoff 0.2 s doubling: 12.6 s of refusals before a sink gives up
+REFUSED_FOR_S = 40  # longer than the retries the sink once gave up after
 
 
-async def send_xids(settings: SinkSettings, first: int, now: float) -> None:
+async def send_xids(settings: CommonSettings, first: int, count: int, now: float) -> None:
     await ensure_topics(settings.kafka_client_args(), prefix=settings.topic_prefix)
     producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
     await producer.start()
     try:
-        for n in range(first, first + ROUND):
+        for n in range(first, first + count):
             host = f"h{n % 5}"
             line = {"host": host, "ts": now + n, "code": 79, "gpu_index": n % 8, "message": "fallen off the bus"}
             await producer.send(XID.full(settings.topic_prefix), orjson.dumps(line), key=host.encode())
@@ -60,12 +61,12 @@ def refuse(client, settings: SinkSettings, refusing: bool) -> None:
     client.command(f"ALTER TABLE {shape.local('xid_events')}{shape.on} {change}")
 
 
-async def committed(settings: SinkSettings) -> dict[int, int]:
+async def committed(settings: CommonSettings) -> dict[int, int]:
     """The sink group's commit per partition of the XID topic."""
     admin = AIOKafkaAdminClient(**settings.kafka_client_args())
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + settings.sink_group_id)
+        offsets = await admin.list_consumer_group_offsets(settings.topic_prefix + "fleetpulse-sink")
     finally:
         await admin.close()
     return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == XID.full(settings.topic_prefix)}
@@ -77,61 +78,85 @@ def stored_next(client) -> dict[int, int]:
     return dict(rows.result_rows)
 
 
-def retried(caplog) -> int:
-    return sum("retryable insert failure" in r.getMessage() for r in caplog.records)
-
-
-async def test_a_store_that_refuses_inserts_loses_and_doubles_nothing(settings_env, caplog):
-    settings = load(SinkSettings, sink_tables=["xid_events"], sink_serve_queries=False, sink_batch_max_seconds=0.2,
-                    sink_insert_retries=RETRIES)
-    client, now = store.connect(settings), time.time() - 600
+@contextlib.asynccontextmanager
+async def running(settings: SinkSettings, caplog):
+    """A sink running on `settings` (its task beside it, its tables made), its warnings captured; stopped cleanly after:
+    it never stopped on its own."""
     stop = asyncio.Event()
-    task = asyncio.create_task(run_sink(ClickHouseSink(settings), stop))
+    sink = ClickHouseSink(settings)
+    task = asyncio.create_task(run_sink(sink, stop))
     try:
         with caplog.at_level(logging.WARNING, logger="fleetpulse.sink"):
-            await send_xids(settings, 0, now)
-            await until(lambda: stored(client) == (ROUND, ROUND) or task.done(), 60.0, every=0.1,
-                        what="the first round stored")
-
-            # Refused for a while, then taken: every record once.
-            refuse(client, settings, True)
-            await send_xids(settings, ROUND, now)
-            await until(lambda: retried(caplog) > 0 or task.done(), 60.0, every=0.1, what="a refused insert")
-            assert stored(client) == (ROUND, ROUND) and not task.done()
-            refuse(client, settings, False)
-            await until(lambda: stored(client) == (2 * ROUND, 2 * ROUND) or task.done(), 60.0, every=0.1,
-                        what="the second round stored")
-            before = retried(caplog)
-
-            # Refused past the retries: the sink stops with the error, commits nothing it did not store.
-            refuse(client, settings, True)
-            await send_xids(settings, 2 * ROUND, now)
-            with pytest.raises(StoreError, match="TOO_MANY_PARTS"):
-                await asyncio.wait_for(task, 60)
-        assert retried(caplog) - before == RETRIES  # tried RETRIES + 1 times in all
-    finally:
-        stop.set()
-        if not task.done():
-            task.cancel()
-    assert stored(client) == (2 * ROUND, 2 * ROUND)
-    held = stored_next(client)
-    assert all(offset <= held.get(p, 0) for p, offset in (await committed(settings)).items())
-
-    # The next sink, on a store that takes inserts again, stores the rest once, and commits every partition up to
-    # what it stored (the failed batch is stored again from its record, sinks/inflight.py, and read past).
-    refuse(client, settings, False)
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_sink(ClickHouseSink(settings), stop))
-    try:
-        await until(lambda: stored(client) == (3 * ROUND, 3 * ROUND) or task.done(), 60.0, every=0.1,
-                    what="the third round stored")
-        deadline = time.monotonic() + 30
-        while await committed(settings) != stored_next(client) and not task.done():
-            assert time.monotonic() < deadline, f"committed {await committed(settings)}, stored {stored_next(client)}"
-            await asyncio.sleep(0.2)
+            await until(lambda: sink.stats.ready or task.done(), 60.0, every=0.1, what="the sink started")
+            yield sink, task
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
-    assert stored(client) == (3 * ROUND, 3 * ROUND)
-    assert await committed(settings) == stored_next(client)
-    print(f"\n{before} retried inserts before the store took them again; {RETRIES + 1} tries before giving up")
+
+
+async def test_too_many_parts_is_waited_out_however_long_it_lasts(settings_env, caplog):
+    settings = load(SinkSettings, sink_tables=["xid_events"], sink_http=False, sink_batch_max_seconds=0.2,
+                    sink_wait_max_s=2.0)
+    client, now = connect(settings, "owner"), time.time() - 600
+    async with running(settings, caplog) as (sink, task):
+        await send_xids(settings, 0, ROUND, now)
+        await until(lambda: stored(client) == (ROUND, ROUND) or task.done(), 60.0, every=0.1,
+                    what="the first round stored")
+
+        refuse(client, settings, True)
+        await send_xids(settings, ROUND, ROUND, now)
+        await until(lambda: sink.outages.waiting or task.done(), 60.0, every=0.1, what="a refused insert")
+        began = time.monotonic()
+        while time.monotonic() - began < REFUSED_FOR_S:
+            assert not task.done() and sink.outages.waiting and stored(client) == (ROUND, ROUND)
+            held = stored_next(client)  # nothing committed past what is stored
+            assert all(offset <= held.get(p, 0) for p, offset in (await committed(settings)).items())
+            await asyncio.sleep(1.0)
+        state = sink.stats.as_dict()["store"]
+        assert state["waiting"] and state["current"]["error"] == "TOO_MANY_PARTS", state
+        assert state["current"]["for_s"] >= REFUSED_FOR_S and state["current"]["tries"] >= REFUSED_FOR_S // 2
+        refuse(client, settings, False)
+        await until(lambda: stored(client) == (2 * ROUND, 2 * ROUND) or task.done(), 60.0, every=0.1,
+                    what="the second round stored")
+        deadline = time.monotonic() + 30
+        while await committed(settings) != stored_next(client):
+            assert time.monotonic() < deadline, f"committed {await committed(settings)}, " \
+                                                f"stored {stored_next(client)}"
+            await asyncio.sleep(0.2)
+    lines = [r.getMessage() for r in caplog.records]
+    began = "the store is not taking writes (insert into xid_events failed: "
+    assert sum(line.startswith(began) for line in lines) == 1
+    assert any(line.startswith("the store takes writes again after ") for line in lines)
+    assert not sink.outages.waiting and sink.outages.count == 1
+    assert stored(client) == (2 * ROUND, 2 * ROUND)
+    print(f"\nrefused for {sink.outages.waited_s:.1f} s, {sink.outages.by_error} failed tries; every record once")
+
+
+@pytest.mark.slow
+async def test_an_insert_quota_used_up_is_waited_out(kafka_bootstrap, topic_prefix, tmp_path, caplog):
+    base = free_ports(2)
+    server = LocalClickHouse(tmp_path / "ch", http_port=base, tcp_port=base + 1,
+                             quotas=(Quota("writer", interval_s=10, inserts=12),))
+    server.start()
+    try:
+        users = {f"clickhouse_{role}_{what}": (user if what == "user" else server.password(role))
+                 for role, (user, _) in server.users.items() for what in ("user", "password")}
+        settings = SinkSettings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
+                                clickhouse_url=server.url, clickhouse_database="quota", sink_tables=["xid_events"],
+                                sink_http=False, sink_batch_max_seconds=0.1, sink_wait_max_s=1.0, **users)
+        client, now = connect(settings, "owner"), time.time() - 600
+        async with running(settings, caplog) as (sink, task):
+            # one record every 0.15 s: a batch (two inserts: its in-flight record and its rows) each; the quota takes
+            # 12 inserts per 10 s
+            for n in range(120):
+                await send_xids(settings, n, 1, now)
+                await asyncio.sleep(0.15)
+                assert not task.done()
+            await until(lambda: stored(client) == (120, 120) or task.done(), 120.0, every=0.2,
+                        what="every record stored")
+        assert "QUOTA_EXCEEDED" in sink.outages.by_error and sink.outages.count >= 1, sink.outages.state()
+        assert any("Quota for user" in r.getMessage() for r in caplog.records)
+        assert stored(client) == (120, 120)
+        print(f"\nquota: {sink.outages.count} outages, {sink.outages.by_error}, waited {sink.outages.waited_s:.1f} s")
+    finally:
+        server.stop()

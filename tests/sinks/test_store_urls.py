@@ -1,6 +1,6 @@
 """A ClickHouse URL in a log or an error never shows its credentials."""
 
-from sinks.store import redact
+from core.clickhouse import redact
 
 
 def test_store_urls_never_show_their_secrets():
