@@ -20,7 +20,8 @@ PANEL_TYPES = {"timeseries": "timeseries", "table": "table", "stat": "stat", "ba
 
 DATASOURCE_YAML = f"""# Grafana provisioning: the store as a ClickHouse data source
 # (plugin grafana-clickhouse-datasource >= 4).
-# Grafana expands the ${{...}} variables from its environment. Give it a read-only ClickHouse user.
+# Grafana expands the ${{...}} variables from its environment. Give it a read-only ClickHouse user
+# (the local server's fleetpulse_analyst, docs/clickhouse.md).
 apiVersion: 1
 datasources:
   - name: fleetpulse

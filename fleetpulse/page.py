@@ -2,9 +2,9 @@
 
 It serves one HTML page, its script and the vendored chart code (fleetpulse/web; no CDN), and answers the page's
 requests for the named panels of fleetpulse/panels.py over a time range: the browser names a panel and gives the
-range in epoch milliseconds, never SQL. Each panel's query goes where `fleetpulse query` sends it: to the running
-sink that owns the embedded store (read-only, within the query endpoint's limits), else to the store itself or to
-the server CLICKHOUSE_URL names. `fleetpulse up` serves it while it runs and prints its URL.
+range in epoch milliseconds, never SQL. Each panel's query goes where `fleetpulse query` sends it: to the server as
+the read-only analyst, or, on the embedded store, to the running sink that owns it (read-only through the guard),
+else to the store itself. `fleetpulse up` serves it while it runs and prints its URL.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def _range(request: web.Request) -> tuple[datetime, datetime, int]:
 
 
 def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Application:
-    """The page's routes. owner_only (inside `up`): ask only the running sink that owns the embedded store, never open
-    it beside the sink."""
+    """The page's routes. owner_only (inside `up`): on an embedded store ask only the running sink that owns it, never
+    open it beside the sink."""
 
     def ask(sql: str) -> dict:
         return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact", open_store=not owner_only,

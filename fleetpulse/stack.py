@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fleetpulse import page
 from fleetpulse.broker import ensure_broker, local_broker
+from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
 from core.errors import FleetpulseError
 from agents.simulator.scenario import load_scenario
 from fleetpulse.evaluate.bot import bot_config
@@ -92,6 +93,7 @@ class Stack:
     args: argparse.Namespace
     children: dict[str, Child] = field(default_factory=dict)
     started_broker: bool = False
+    started_store: bool = False
 
     def _child(self, name: str, *argv: str) -> Child:
         child = Child(name, list(argv), self.settings.data_dir / "logs" / f"{name}.log")
@@ -105,6 +107,12 @@ class Stack:
         if s.uses_local_kafka:
             self.started_broker = not local_broker(s).status()["running"]
         await asyncio.to_thread(ensure_broker, s)
+        if s.uses_local_clickhouse:
+            self.started_store = not LocalClickHouse.of(s).running
+        store_url = await asyncio.to_thread(ensure_clickhouse, s)
+        if store_url:
+            print(f"up: the store is the ClickHouse server on {store_url} "
+                  f"({'started for this run' if self.started_store else 'already running'})", file=sys.stderr)
         # the live view reads their offsets
         await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
         page_url = page_runner = bot = watch = None
@@ -168,6 +176,10 @@ class Stack:
                 await watch.close()
             if self.started_broker:
                 await asyncio.to_thread(local_broker(s).stop)
+            if self.started_store:
+                await asyncio.to_thread(LocalClickHouse.of(s).stop)
+                print(f"up: stopped the ClickHouse server it started; its rows stay in {s.local_clickhouse_home} "
+                      "(`fleetpulse clickhouse start` serves them again)", file=sys.stderr)
         report = _last_json(simulator.stdout)
         out = {"simulator": report, "bot_answers": answered, "page": page_url, "final": view.last}
         if a.screenshot is not None:

@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from fleetpulse.query import ask_owner
 from core.settings import CommonSettings
+from fleetpulse.query import query
+from schemas.tables import TABLES
 
 # Until the health/lifecycle stages publish it, usable compute = GPUs that reported in the last 10 s of
 # simulated time and carry no firing critical/page alert, over every GPU ever seen (installed).
@@ -65,6 +66,10 @@ SELECT toUnixTimestamp64Milli(ts) AS at, line FROM (
 """
 
 
+# Rows each table holds, as any client of the store counts them.
+ROWS_SQL = " UNION ALL ".join(f"SELECT '{name}', count() FROM {name}" for name in TABLES)
+
+
 def _get_json(url: str) -> dict | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -74,20 +79,35 @@ def _get_json(url: str) -> dict | None:
 
 
 async def fetch_store_facts(settings: CommonSettings) -> dict:
-    """Sink status and headline numbers, asked of the process that owns the store."""
-    status = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{settings.query_port}/status")
+    """The sink's status and the store's headline numbers, read as any analyst reads them (the embedded store: asked
+    of the sink that owns it)."""
+    status = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{settings.sink_port}/status")
     facts: dict = {"sink": status}
+
+    def ask(sql: str) -> bytes:
+        return query(settings, sql, open_store=False, timeout=5)
+
     try:
-        raw = await asyncio.to_thread(ask_owner, settings, FACTS_SQL, 5)
-        if raw:
-            facts.update(zip(FACT_NAMES, (int(v) for v in raw.split(b"\t"))))
-        events = await asyncio.to_thread(ask_owner, settings, EVENTS_SQL, 5)
-        if events:
-            facts["events"] = [line.split(b"\t", 1)[1].decode(errors="replace")
-                               for line in events.splitlines() if b"\t" in line]
+        rows = await asyncio.to_thread(ask, ROWS_SQL)
+        facts["rows"] = {name.decode(): int(n) for name, n in (line.split(b"\t") for line in rows.splitlines())}
+        raw = await asyncio.to_thread(ask, FACTS_SQL)
+        facts.update(zip(FACT_NAMES, (int(v) for v in raw.split(b"\t"))))
+        events = await asyncio.to_thread(ask, EVENTS_SQL)
+        facts["events"] = [line.split(b"\t", 1)[1].decode(errors="replace")
+                           for line in events.splitlines() if b"\t" in line]
     except Exception as exc:  # the view must never take the stack down
         facts["error"] = str(exc)[:200]
     return facts
+
+
+def _store_line(store: dict, error: str | None) -> str:
+    """What the sink says of its store: taking writes, or waiting (for how long, on what)."""
+    if store.get("waiting"):
+        current = store.get("current") or {}
+        return f"sink waiting {current.get('for_s', 0):.0f} s for the store ({current.get('error', '?')})"
+    if error:
+        return f"not answering: {error[:80]}"
+    return "taking writes" + (f" ({store['outages']} outages waited out)" if store.get("outages") else "")
 
 
 class StackView:
@@ -124,7 +144,8 @@ class StackView:
             dt = now - self.prev[0]
             rates = {t: (n - self.prev[1].get(t, 0)) / dt for t, n in ends.items()}
         self.prev = (now, ends)
-        tables = ((facts.get("sink") or {}).get("tables")) or {}
+        sink = facts.get("sink") or {}
+        tables = sink.get("tables") or {}
         installed = int(facts.get("installed") or 0)
         # The lifecycle's per-minute figure once it reports one (drained, gated, straggler and throttle losses);
         # until then, or without the stream worker, GPUs seen in the last 10 s without a critical alert.
@@ -133,8 +154,9 @@ class StackView:
         else:
             usable = (int(facts.get("usable") or 0) / installed) if installed else None
         self.last = {
-            "messages": ends, "rates": rates, "rows": {n: t["rows"] for n, t in tables.items()},
+            "messages": ends, "rates": rates, "rows": facts.get("rows") or self.last.get("rows") or {},
             "dead_letters": sum(t["dead_letters"] for t in tables.values()),
+            "store": _store_line(sink.get("store") or {}, facts.get("error")),
             "alerts_firing": facts.get("firing"), "usable_compute": usable, "installed_gpus": installed,
             **{k: facts.get(k) for k in ("faults", "drains", "returns", "stragglers")},
             "events": facts.get("events") or self.last.get("events") or [],
@@ -149,7 +171,7 @@ class StackView:
                 f"[{self.message}] samples/s={rates.get(next(iter(ends), ''), 0):.0f} gpu_samples={rows} "
                 f"alerts_firing={self.last['alerts_firing']} faults={self.last['faults']} "
                 f"drains={self.last['drains']} returned={self.last['returns']} stragglers={self.last['stragglers']} "
-                f"usable_compute={'n/a' if uc is None else f'{uc:.1%}'}"
+                f"usable_compute={'n/a' if uc is None else f'{uc:.1%}'} store: {self.last['store']}"
             )
             for line in reversed(self.last["events"]):
                 if line not in self.printed:
@@ -172,6 +194,7 @@ class StackView:
         table.add_section()
         table.add_row("alerts firing", str(self.last.get("alerts_firing", "-")), "")
         table.add_row("dead letters", str(self.last.get("dead_letters", 0)), "")
+        table.add_row("store", self.last.get("store") or "-", "")
         table.add_row("usable compute", "-" if uc is None else f"{uc:.1%}", f"of {self.last.get('installed_gpus', 0)} GPUs")
         table.add_row("faults / drains / returned", f"{self.last.get('faults') or 0} / {self.last.get('drains') or 0}"
                       f" / {self.last.get('returns') or 0}", "")

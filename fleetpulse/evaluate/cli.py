@@ -30,6 +30,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="keep the run's Kafka topics (default: deleted once scored; the database always stays)")
     p.add_argument("--keep-broker", action="store_true",
                    help="leave the local Kafka broker running if this run started it (default: stopped at the end)")
+    p.add_argument("--keep-store", action="store_true",
+                   help="leave the local ClickHouse server running if this run started it (default: stopped at the "
+                        "end; its rows stay, `fleetpulse clickhouse start` serves them again)")
     p.add_argument("--output", type=Path, default=None, help="also write the report to this file")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -38,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     settings = load(CommonSettings)
     plan = plan_from(args.scenario, args.overrides, seed=args.seed, max_lag=args.max_lag,
                      kill_worker_at=args.kill_worker_at, settle_s=args.settle, speed=args.speed,
-                     keep_topics=args.keep_topics or None, keep_broker=args.keep_broker or None)
+                     keep_topics=args.keep_topics or None, keep_broker=args.keep_broker or None,
+                     keep_store=args.keep_store or None)
     report = asyncio.run(Evaluation(settings, plan, progress=Progress(quiet=args.quiet)).run())
     write_report(report, args.output)
     return 0

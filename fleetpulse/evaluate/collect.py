@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from fleetpulse.evaluate import score
 from fleetpulse.evaluate.bot import REPAIR_KINDS
-from sinks import store
+from core.clickhouse import connect
 from sinks.settings import SinkSettings
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ COUNTS = ("gpu_samples", "xid_events", "nccl_timings", "agent_status", "net_port
 
 def rows(settings: SinkSettings) -> dict[str, list[dict]]:
     """Every table the report needs, as lists of dicts, from the run's database."""
-    client = store.connect(settings)
+    client = connect(settings, "analyst")
     db = settings.clickhouse_database
     out: dict[str, list[dict]] = {}
     for name, sql in QUERIES.items():

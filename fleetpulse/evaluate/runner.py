@@ -28,6 +28,7 @@ from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator
 from agents.simulator.scenario import Scenario
 from fleetpulse.broker import ensure_broker, local_broker
+from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
 from core.errors import FleetpulseError
 from fleetpulse.evaluate import collect
 from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
@@ -60,6 +61,7 @@ class Plan:
     speed: float = 0.0  # at most this many simulated seconds per wall second; 0 = as fast as the worker follows
     keep_topics: bool = False  # the run's topics are deleted once scored (its database stays)
     keep_broker: bool = False  # a local broker this run started is stopped at its end, unless kept
+    keep_store: bool = False  # the same for the local ClickHouse server
     streams_env: dict[str, str] = field(default_factory=dict)  # FLEETPULSE_* for the worker (rule parameters)
     bot: BotConfig = field(default_factory=BotConfig)
 
@@ -112,11 +114,15 @@ class Evaluation:
         await self.worker.start()
 
     async def run(self) -> dict:
-        """The run, with the local broker started for it (when none ran) stopped at its end, or said to be left."""
+        """The run, with the local broker and ClickHouse server started for it (when none ran) stopped at its end, or
+        said to be left running."""
         s = self.settings
         local = local_broker(s) if s.uses_local_kafka else None
         started = local is not None and not (await asyncio.to_thread(local.status))["running"]
+        server = LocalClickHouse.of(s) if s.uses_local_clickhouse else None
+        started_server = server is not None and not server.running
         try:
+            await asyncio.to_thread(ensure_clickhouse, s)
             return await self._run()
         finally:
             if started and self.plan.keep_broker:
@@ -125,6 +131,13 @@ class Evaluation:
             elif started:
                 await asyncio.to_thread(local.stop)
                 self.progress.say("stopped the local Kafka broker this run started", force=True)
+            if started_server and self.plan.keep_store:
+                self.progress.say(f"left the local ClickHouse server this run started running ({server.url}); stop "
+                                  "it with `fleetpulse clickhouse stop`", force=True)
+            elif started_server:
+                await asyncio.to_thread(server.stop)
+                self.progress.say("stopped the local ClickHouse server this run started; its rows stay "
+                                  "(`fleetpulse clickhouse start` serves them again)", force=True)
 
     async def _run(self) -> dict:
         p, s = self.plan, self.settings
@@ -132,7 +145,7 @@ class Evaluation:
         await asyncio.to_thread(ensure_broker, s)
         await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
         sink_settings = load(SinkSettings, **{**s.model_dump(include=set(CommonSettings.model_fields)),
-                                              "clickhouse_database": self.database, "sink_serve_queries": False,
+                                              "clickhouse_database": self.database, "sink_http": False,
                                               "rack_budgets_w": p.scenario.fleet.rack_budgets_w,
                                               "sink_batch_max_seconds": 0.5})
         sink = ClickHouseSink(sink_settings)

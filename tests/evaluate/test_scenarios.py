@@ -16,14 +16,27 @@ from fleetpulse.query import query
 from fleetpulse.evaluate.plan import plan_from
 from fleetpulse.evaluate.runner import Evaluation, Progress
 from core.settings import CommonSettings, load
+from tests.conftest import drop_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
+RUNS: list[str] = []  # the databases of this test's runs, dropped after it
+
+
+@pytest.fixture(autouse=True)
+def drop_runs(clickhouse_url):
+    yield
+    while RUNS:
+        database = RUNS.pop()
+        if not clickhouse_url.startswith("chdb://"):
+            drop_database(clickhouse_url, database)
 
 
 async def evaluate(name: str, *overrides: str, **options) -> dict:
     plan = plan_from(name, overrides, **options)
-    return await Evaluation(load(CommonSettings), plan, progress=Progress(every_s=15)).run()
+    r = await Evaluation(load(CommonSettings), plan, progress=Progress(every_s=15)).run()
+    RUNS.append(r["database"])
+    return r
 
 
 def landed_in_full(report: dict) -> None:

@@ -18,7 +18,7 @@ from tests.schemas.test_rollups import START, batches, insert_all, records
 async def client(db, clickhouse_url, clickhouse_database):
     insert_all(db, batches(records()))
     settings = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database,
-                              query_port=free_ports())  # no sink of anyone's answers there: the page opens the store
+                              sink_port=free_ports())  # no sink there: the page asks the store itself
     async with TestClient(TestServer(page.make_app(settings))) as c:
         yield c
 

@@ -10,6 +10,7 @@ import pytest
 from core.settings import CommonSettings
 from fleetpulse import report
 from schemas.tables import TABLES
+from core.clickhouse import connect
 from sinks import store
 from tests.conftest import _free_port
 
@@ -36,9 +37,9 @@ def fault(fault_id, host, code, bin_, at) -> dict:
 @pytest.fixture
 def filled(clickhouse_url, clickhouse_database):
     cfg = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database,
-                         query_port=_free_port())  # nobody listens: the report opens the store itself
-    client = store.connect(cfg)
-    store.apply_schema(client, cfg)
+                         sink_port=_free_port())  # no sink there: the report asks the store itself
+    store.prepare(cfg)
+    client = connect(cfg, "owner")
     minutes = [{"minute_ts": D + k * M, "nodes": 10, "installed_gpus": 80.0, "schedulable_gpus": 80.0,
                 "usable_gpus": 72.0 if k < 60 else 80.0, "usable_compute": 0.9 if k < 60 else 1.0,
                 "breakdown": {"drained": 0.1 if k < 60 else 0.0}, "breakdown_gpus": {"drained": 8.0 if k < 60 else 0.0}}
@@ -134,7 +135,7 @@ def test_the_command_prints_json_or_a_table_and_refuses_a_bad_time(filled, monke
     import orjson
 
     for key, value in (("CLICKHOUSE_URL", filled.clickhouse_url), ("CLICKHOUSE_DATABASE", filled.clickhouse_database),
-                       ("QUERY_PORT", str(filled.query_port))):
+                       ("SINK_PORT", str(filled.sink_port))):
         monkeypatch.setenv(f"FLEETPULSE_{key}", value)
     args = argparse.Namespace(start="2026-11-30", end="2026-11-30T02:00:00", json=True)
     assert report.run(args) == 0

@@ -17,7 +17,7 @@ from core.settings import CommonSettings, load
 from fleetpulse.broker import LocalKafka, TlsListener
 from schemas.provision import ensure_topics
 from schemas.topics import SAMPLES, TOPICS
-from sinks import store
+from core.clickhouse import connect
 from tests.conftest import REPO, _free_port
 from tests.fleetpulse.test_tls_broker import make_pki
 from tests.pipeline import worker_and_sink
@@ -71,7 +71,7 @@ async def test_agent_worker_and_sink_connect_with_scram_over_tls(sasl_broker, cl
         async def alert_stored():
             if not sink.stats.ready:
                 return False
-            rows = store.connect(sink.settings).query("SELECT alertname, status, host FROM alerts").result_rows
+            rows = connect(sink.settings, "owner").query("SELECT alertname, status, host FROM alerts").result_rows
             return ("GpuTempSlowdown", "firing", "h1") in rows and sink.stats.tables["gpu_samples"].rows == 2 * 9
         await wait_for("the worker's alert, stored by the sink, all over SASL_SSL/SCRAM", alert_stored, 90, log)
     letters = []

@@ -1,14 +1,21 @@
-"""`fleetpulse up` as a user runs it: every simulated GPU row lands once, the demo's faults raise alerts, a drain and a
+"""`fleetpulse up` as a user runs it on a fresh machine: it starts the local ClickHouse server, which a plain HTTP
+client reads while the run goes on; every simulated GPU row lands once, the demo's faults raise alerts, a drain and a
 return, stragglers are flagged, the fleet page it serves shows them in real headless Chromium (Debian's `chromium`,
-driven by Playwright), and query answers afterwards."""
+driven by Playwright), and query answers afterwards from the same store."""
 
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
 
 import pytest
+
+from tests.conftest import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -19,27 +26,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(kafka_bootstrap, topic_prefix, tmp_path):
+def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(kafka_bootstrap, topic_prefix, tmp_path,
+                                                                  request):
+    http_port = free_ports(2)
+    tcp_port = http_port + 1
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith(("FLEETPULSE_CLICKHOUSE", "CLICKHOUSE"))},
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "FLEETPULSE_TOPIC_PREFIX": topic_prefix,
         "FLEETPULSE_DATA_DIR": str(tmp_path / "data"),
-        "FLEETPULSE_QUERY_PORT": str(free_port()),
+        "FLEETPULSE_SINK_PORT": str(free_port()),
         "FLEETPULSE_PAGE_PORT": str(free_port()),
-    }
-    for var in ("CLICKHOUSE_URL", "FLEETPULSE_CLICKHOUSE_URL", "FLEETPULSE_CLICKHOUSE_DATABASE"):
-        env.pop(var, None)  # up owns its embedded store, as on a fresh machine
+        "FLEETPULSE_LOCAL_CLICKHOUSE_HTTP_PORT": str(http_port),
+        "FLEETPULSE_LOCAL_CLICKHOUSE_TCP_PORT": str(tcp_port),
+    }  # no store named: up starts the local ClickHouse server, as on a fresh machine
     cli = [sys.executable, "-m", "fleetpulse.cli"]
     # the default scenario (demo), 180 simulated seconds six times faster than real time
     shot = tmp_path / "page.png"
-    up = subprocess.run(cli + ["up", "--hosts", "8", "--speed", "6", "--plain", "--screenshot", str(shot)],
-                        env=env, capture_output=True, text=True, timeout=300)
+    out_file, err_file = open(tmp_path / "up.out", "w+"), open(tmp_path / "up.err", "w+")
+    running = subprocess.Popen(cli + ["up", "--hosts", "8", "--speed", "6", "--plain", "--screenshot", str(shot)],
+                               env=env, stdout=out_file, stderr=err_file, text=True)
+    # While it runs, any ClickHouse client reads the store: here a plain HTTP GET as the analyst, as curl sends it.
+    password = tmp_path / "data" / "clickhouse" / "passwords" / "analyst"
+    request.addfinalizer(lambda: running.poll() is None and (running.terminate(), running.wait(60)))
+    seen, deadline = [], time.monotonic() + 240
+    while running.poll() is None and time.monotonic() < deadline:
+        if password.exists():
+            url = (f"http://127.0.0.1:{http_port}/?user=fleetpulse_analyst&password="
+                   f"{quote(password.read_text().strip())}&query=SELECT+count()+FROM+gpu_samples")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    seen.append(int(answer.read()))
+            except urllib.error.HTTPError as exc:  # a refusal fails; a table the sink has not made yet does not
+                if exc.code != 404:
+                    pytest.fail(f"the store refused the analyst: {exc.read()!r}")
+            except OSError:
+                pass
+        time.sleep(1.0)
+    running.wait(timeout=300)
+    up = subprocess.CompletedProcess(running.args, running.returncode, (tmp_path / "up.out").read_text(),
+                                     (tmp_path / "up.err").read_text())
     assert up.returncode == 0, up.stderr[-3000:]
+    assert seen and max(seen) > 0 and seen == sorted(seen), seen  # the rows so far, growing
+    assert f"the store is the ClickHouse server on http://127.0.0.1:{http_port} (started for this run)" in up.stderr
+    assert "stopped the ClickHouse server it started" in up.stderr
     result = json.loads(up.stdout)
     sim, final = result["simulator"], result["final"]
     assert sim["scenario"] == "demo" and sim["ticks"] == 180 and sim["gpu_readings"] == 8 * 8 * 180
-    assert final["rows"]["gpu_samples"] == sim["gpu_readings"]
+    assert final["rows"]["gpu_samples"] == sim["gpu_readings"]  # the view counts what the store holds
+    assert final["store"].startswith("taking writes"), final["store"]
     # something happens: the overheating GPU alerts, the Xid 119 node is drained, repaired, validated and returned
     # by the simulated bot (drain, repair, validate, undrain), both slow ranks are flagged; the view says so
     assert final["alerts_firing"] >= 2 and final["faults"] >= 1, final
@@ -47,6 +82,12 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(kafka_bootstrap
     assert final["stragglers"] == 2, final
     assert "node       gpu-node-0001 validating -> healthy: validation passed" in up.stderr
     assert "straggler  job-0000 rank 37 on gpu-node-0004" in up.stderr
+
+    # the server up started is stopped with it; its rows stay, served again by `fleetpulse clickhouse start`
+    assert subprocess.run(cli + ["clickhouse", "status"], env=env, capture_output=True).returncode == 1
+    started = subprocess.run(cli + ["clickhouse", "start"], env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    request.addfinalizer(lambda: subprocess.run(cli + ["clickhouse", "stop"], env=env, capture_output=True))
 
     def ask(sql: str) -> str:
         done = subprocess.run(cli + ["query", sql], env=env, capture_output=True, text=True, timeout=60)

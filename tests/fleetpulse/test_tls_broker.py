@@ -21,7 +21,7 @@ from core.errors import BrokerError
 from schemas.provision import ensure_topics
 from core.settings import CommonSettings, load
 from schemas.topics import SAMPLES
-from sinks import store
+from core.clickhouse import connect
 from tests.conftest import _free_port
 from tests.streams.helpers import temps_series
 from tests.pipeline import worker_and_sink
@@ -114,7 +114,7 @@ async def test_agent_worker_and_sink_share_the_tls_settings(tls_broker, clickhou
         async def alert_stored():
             if not sink.stats.ready:  # its tables are made before it starts consuming
                 return False
-            rows = store.connect(sink.settings).query(
+            rows = connect(sink.settings, "owner").query(
                 "SELECT alertname, status, host, gpu_index FROM alerts").result_rows
             return ("GpuTempSlowdown", "firing", "h1", 0) in rows and sink.stats.tables["gpu_samples"].rows == 2 * 9
         await wait_for("the worker's alert, stored by the sink, all over mutual TLS", alert_stored, 90, log)
