@@ -105,18 +105,75 @@ def _delete_topics(bootstrap: str, prefix: str) -> None:
         warnings.warn(f"topics {prefix}* not deleted: {exc!r}")
 
 
-@pytest.fixture(scope="session")
-def clickhouse_url(tmp_path_factory) -> str:
-    """A real ClickHouse: the server named by CLICKHOUSE_URL, else one embedded chdb store for the session.
+STORE = os.environ.get("FLEETPULSE_TEST_STORE", "server")  # the integration tier's store: server or embedded
 
-    chdb opens one store path per process, so tests share the store and isolate by database.
-    """
-    return os.environ.get("CLICKHOUSE_URL") or f"chdb://{tmp_path_factory.mktemp('chdb')}"
+
+def pytest_report_header(config) -> str:
+    if os.environ.get("CLICKHOUSE_URL"):
+        return "store: the ClickHouse server CLICKHOUSE_URL names (tests marked `embedded`: chdb)"
+    if STORE == "embedded":
+        return "store: embedded chdb, one store per test process (FLEETPULSE_TEST_STORE=embedded)"
+    return ("store: the project's local ClickHouse server, one per test process, started and stopped by the tests; "
+            "tests marked `embedded` use embedded chdb")
+
+
+@pytest.fixture(scope="session")
+def clickhouse_url(tmp_path_factory):
+    """A real ClickHouse for the session: the server CLICKHOUSE_URL names (with the FLEETPULSE_CLICKHOUSE_*_USER and
+    _PASSWORD of its roles, else its own user for all); else the project's local server, started here with a user per
+    role (their names and passwords exported to this process's environment, where every settings object and every
+    child process finds them) and stopped after; or, with FLEETPULSE_TEST_STORE=embedded, one embedded chdb store
+    (tests then share the store and isolate by database)."""
+    if os.environ.get("CLICKHOUSE_URL"):
+        yield os.environ["CLICKHOUSE_URL"]
+        return
+    if STORE == "embedded":
+        yield f"chdb://{tmp_path_factory.mktemp('chdb')}"
+        return
+    if STORE != "server":
+        raise pytest.UsageError(f"FLEETPULSE_TEST_STORE={STORE!r}: server or embedded")
+    from core.clickhouse import ROLES
+    from fleetpulse.clickhouse_server import LocalClickHouse
+
+    base = free_ports(2)
+    server = LocalClickHouse(tmp_path_factory.mktemp("clickhouse"), http_port=base, tcp_port=base + 1)
+    url = server.start()
+    for role in ROLES:
+        os.environ[f"FLEETPULSE_CLICKHOUSE_{role.upper()}_USER"] = server.users[role][0]
+        os.environ[f"FLEETPULSE_CLICKHOUSE_{role.upper()}_PASSWORD"] = server.password(role)
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded_clickhouse_url(tmp_path_factory) -> str:
+    """An embedded chdb store, for the tests of what only the embedded shape has (one process owns the store and
+    answers queries for others). chdb opens one store path per process: tests share it and isolate by database."""
+    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
 
 
 @pytest.fixture
-def clickhouse_database() -> str:
-    return f"t_{uuid.uuid4().hex[:12]}"
+def clickhouse_database(clickhouse_url):
+    """A database of this test's own, dropped after it on a server (an embedded store goes with its temporary
+    folder; opening it here could meet a child process that holds it)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    if not clickhouse_url.startswith("chdb://"):
+        drop_database(clickhouse_url, name)
+
+
+def drop_database(url: str, name: str) -> None:
+    from core.clickhouse import connect
+    from core.settings import CommonSettings
+
+    try:
+        client = connect(CommonSettings(clickhouse_url=url), "owner", database="system")
+        client.command(f"DROP DATABASE IF EXISTS {name} SYNC")
+        client.close()
+    except Exception as exc:  # a test that stopped the server: the database stays, the test stands
+        warnings.warn(f"database {name} not dropped: {exc!r}")
 
 
 @pytest.fixture
@@ -143,12 +200,15 @@ def reference_dir() -> Path:
 
 @pytest.fixture
 def db(clickhouse_url, clickhouse_database):
-    """A database of this test's own on the real engine, with every table, rollup and view the schemas describe."""
+    """A database of this test's own on the real engine, with every table, rollup and view the schemas describe: a
+    client of its schema owner (dropped after the test by clickhouse_database)."""
+    from core.clickhouse import connect
     from core.settings import CommonSettings
     from sinks import store
 
     cfg = CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database)
-    client = store.connect(cfg)
-    store.apply_schema(client, cfg)
+    store.prepare(cfg)
+    client = connect(cfg, "owner")
     yield client
-    client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")
+    if clickhouse_url.startswith("chdb://"):
+        client.command(f"DROP DATABASE IF EXISTS {clickhouse_database}")

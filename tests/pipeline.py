@@ -32,7 +32,7 @@ async def worker_and_sink(log: Path, stages: str | None = None, env: dict[str, s
                                    **(env or {})})
     if seen is not None:
         seen.append(worker)
-    sink, stop = ClickHouseSink(load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False)), asyncio.Event()
+    sink, stop = ClickHouseSink(load(SinkSettings, sink_batch_max_seconds=0.3, sink_http=False)), asyncio.Event()
     task = asyncio.create_task(run_sink(sink, stop))
     try:
         yield sink

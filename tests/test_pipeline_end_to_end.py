@@ -14,7 +14,7 @@ import pytest
 
 from agents.simulator.runner import simulate
 from core.settings import CommonSettings, load
-from sinks import store
+from core.clickhouse import connect
 from sinks.cli import run_sink
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def rows(settings, sql: str):
-    return store.connect(settings).query(sql).result_rows
+    return connect(settings, "owner").query(sql).result_rows
 
 
 async def wait_for(predicate, timeout: float, what: str):
@@ -38,7 +38,7 @@ async def wait_for(predicate, timeout: float, what: str):
 
 async def test_thermal_runaway_fires_and_resolves_and_every_sample_lands_once(settings_env, tmp_path):
     common = load(CommonSettings)
-    sink_settings = load(SinkSettings, sink_batch_max_seconds=0.3, sink_serve_queries=False)
+    sink_settings = load(SinkSettings, sink_batch_max_seconds=0.3, sink_http=False)
     log = tmp_path / "streams.log"
     worker = subprocess.Popen(
         [sys.executable, "-m", "fleetpulse.cli", "streams", "--stages", "power_thermal"],

@@ -10,6 +10,7 @@ import uuid
 
 import orjson
 import pytest
+from clickhouse_connect.driver.httpclient import HttpClient
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from core.errors import DecodeError
@@ -57,6 +58,12 @@ def stored(client) -> list[tuple]:
     return rows
 
 
+def insert_lines(db, lines: list[bytes], token: str) -> None:
+    """The sink's insert of JSON lines, the way it takes for this store: the request's body on a server, a file the
+    embedded engine reads on chdb."""
+    store.insert_lines(db, "gpu_samples", INTAKE, lines, token, embedded=not isinstance(db, HttpClient))
+
+
 @pytest.mark.integration
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -67,7 +74,7 @@ def test_the_engine_stores_every_column_as_python_does(db, raws):
     store.insert(db, "gpu_samples", TABLE.column_names, rows, uuid.uuid4().hex)
     by_python = stored(db)
     lines = [INTAKE.line(raw, 5, off, kafka_ts + off) for off, raw in enumerate(raws)]
-    store.insert_lines(db, "gpu_samples", INTAKE, lines, uuid.uuid4().hex)
+    insert_lines(db, lines, uuid.uuid4().hex)
     by_engine = stored(db)
     assert len(by_engine) == len(by_python) == sum(len(orjson.loads(r)["gpus"]) for r in raws)
     for python_row, engine_row in zip(by_python, by_engine):
@@ -82,7 +89,7 @@ def test_a_batch_stored_again_under_its_token_adds_nothing_to_the_table_or_its_v
                                     "power_w": 300.5 + i} for i in range(8)]}) for k in range(3)]
     lines = [INTAKE.line(raw, 0, off, 1_800_000_000_000) for off, raw in enumerate(raws)]
     for _ in range(2):
-        store.insert_lines(db, "gpu_samples", INTAKE, lines, "samples|0:0-2")
+        insert_lines(db, lines, "samples|0:0-2")
     assert db.query("SELECT count(), sum(power_w) FROM gpu_samples").result_rows == [(24, 3 * (8 * 300.5 + 28))]
     assert db.query("SELECT sum(samples) FROM gpu_1m").result_rows == [(24,)]
 
@@ -98,8 +105,8 @@ def test_a_batch_stored_one_way_and_replayed_the_other_under_its_token_adds_noth
     rows = [row for off, raw in enumerate(raws) for row in TABLE.rows(SAMPLES.decode(raw), 0, off, int(now * 1000))]
     lines = [INTAKE.line(raw, 0, off, int(now * 1000)) for off, raw in enumerate(raws)]
     store.insert(db, "gpu_samples", TABLE.column_names, rows, "samples|0:0-3")
-    store.insert_lines(db, "gpu_samples", INTAKE, lines, "samples|0:0-3")
-    store.insert_lines(db, "gpu_samples", INTAKE, lines, "samples|1:0-3")
+    insert_lines(db, lines, "samples|0:0-3")
+    insert_lines(db, lines, "samples|1:0-3")
     store.insert(db, "gpu_samples", TABLE.column_names, rows, "samples|1:0-3")
     # Two batches (two tokens) of the same 32 rows, each stored once.
     assert db.query("SELECT count() FROM gpu_samples").result_rows == [(64,)]
@@ -110,15 +117,19 @@ def test_a_batch_stored_one_way_and_replayed_the_other_under_its_token_adds_noth
 def test_a_record_leaving_out_its_defaulted_fields_stores_their_defaults_with_no_default_applied_by_the_engine(
         db, tmp_path):
     """A server applies no DEFAULT to the rows of input(): the defaults are the SELECT's own, which this checks by
-    turning the engine's off for the file the embedded store reads."""
+    turning the engine's off (for the request's body on a server, the file the embedded store reads)."""
     assert "DEFAULT" not in INTAKE.structure()
     now = float(int(time.time()))
     raw = orjson.dumps({"host": "h3", "ts": now, "seq": 1,
                         "gpus": [{"index": 0, "uuid": "GPU-0", "pci_bus_id": "0000:00:00.0"}]})
-    path = tmp_path / "lines.jsonl"
-    path.write_bytes(INTAKE.line(raw, 0, 0, int(now * 1000)))
-    db.command(INTAKE.statement("gpu_samples", str(path)),
-               settings={**json_intake.SETTINGS, "input_format_defaults_for_omitted_fields": 0})
+    line = INTAKE.line(raw, 0, 0, int(now * 1000))
+    settings = {**json_intake.SETTINGS, "input_format_defaults_for_omitted_fields": 0}
+    if isinstance(db, HttpClient):
+        db.command(INTAKE.statement("gpu_samples"), data=line, settings=settings)
+    else:
+        path = tmp_path / "lines.jsonl"
+        path.write_bytes(line)
+        db.command(INTAKE.statement("gpu_samples", str(path)), settings=settings)
     by_engine = stored(db)
     store.insert(db, "gpu_samples", TABLE.column_names, TABLE.rows(SAMPLES.decode(raw), 0, 0, int(now * 1000)), "t")
     assert by_engine == stored(db)
