@@ -26,6 +26,7 @@ from agents.simulator.runner import FleetSimulator  # noqa: E402
 from core.settings import CommonSettings  # noqa: E402
 from schemas.json_intake import INTAKES  # noqa: E402
 from schemas.tables import TABLES  # noqa: E402
+from core.clickhouse import connect  # noqa: E402
 from sinks import store  # noqa: E402
 
 from report import save  # noqa: E402  (bench/report.py, beside this script)
@@ -45,15 +46,15 @@ def python_path(client, raws: list[bytes], batch: int) -> None:
 def json_path(client, raws: list[bytes], batch: int) -> None:
     for i in range(0, len(raws), batch):  # each record's provenance spliced in front of its own fields
         lines = [INTAKE.line(raw, 0, off, KAFKA_TS_MS) for off, raw in enumerate(raws[i:i + batch], i)]
-        store.insert_lines(client, "gpu_samples", INTAKE, lines, uuid.uuid4().hex)
+        store.insert_lines(client, "gpu_samples", INTAKE, lines, uuid.uuid4().hex, embedded=True)
 
 
 def main(args) -> dict:
     database = "json_insert"
     settings = CommonSettings(clickhouse_url=f"chdb://{tempfile.mkdtemp(prefix='fleetpulse-json-')}",
                               clickhouse_database=database)
-    client = store.connect(settings)
-    store.apply_schema(client, settings)
+    store.prepare(settings)
+    client = connect(settings, "owner")
     sim = FleetSimulator(args.hosts, seed=1, start_ts=1_800_000_000.0, nccl_interval=0)
     raws = [orjson.dumps(s) for _ in range(args.ticks) for s in sim.step().samples]
     rows = sum(len(orjson.loads(r)["gpus"]) for r in raws)

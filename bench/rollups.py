@@ -20,6 +20,7 @@ from agents.simulator.runner import FleetSimulator  # noqa: E402
 from core.settings import CommonSettings  # noqa: E402
 from schemas.rollups import ROLLUPS  # noqa: E402
 from schemas.tables import TABLES  # noqa: E402
+from core.clickhouse import connect  # noqa: E402
 from sinks import store  # noqa: E402
 
 TABLE = TABLES["gpu_samples"]
@@ -34,8 +35,8 @@ def _rows(hosts: int, seconds: int) -> list[tuple]:
 
 def _database(path: str, name: str, views: bool):
     cfg = CommonSettings(clickhouse_url=f"chdb://{path}", clickhouse_database=name)
-    client = store.connect(cfg)
-    store.apply_schema(client, cfg)
+    store.prepare(cfg)
+    client = connect(cfg, "owner")
     if not views:
         for rollup in ROLLUPS.values():
             for view in rollup.view_names():

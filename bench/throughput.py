@@ -34,6 +34,7 @@ import uuid
 from pathlib import Path
 
 import orjson
+from pydantic import SecretStr
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
@@ -44,10 +45,12 @@ from fleetpulse.lag import OffsetWatch, per_topic, stable_members
 from core.kafka_admin import delete_prefixed
 from core.logs import quiet_transient_client_logs
 from fleetpulse.broker import LocalKafka, broker_for
+from fleetpulse.clickhouse_server import LocalClickHouse
 from core.settings import CommonSettings
 from schemas.json_intake import INTAKES, SETTINGS as INTAKE_FORMAT_SETTINGS
 from schemas.tables import TABLES
 from schemas.topics import NCCL, SAMPLES, XID, Topic
+from core.clickhouse import connect
 from sinks import store
 from sinks.runner import ClickHouseSink
 from sinks.settings import SinkSettings
@@ -235,7 +238,7 @@ async def sink(settings: CommonSettings, expected_rows: int, json_intake: bool, 
     from its first record to its last row."""
     database = f"bench_sink_{run}_{uuid.uuid4().hex[:8]}"
     s = SinkSettings(**{**settings.model_dump(), "clickhouse_database": database},
-                     sink_tables=["gpu_samples"], sink_serve_queries=False, sink_json_intake=json_intake,
+                     sink_tables=["gpu_samples"], sink_http=False, sink_json_intake=json_intake,
                      sink_group_id=f"bench-sink-{run}")
     sk = ClickHouseSink(s)
     await sk.open_store()
@@ -251,7 +254,7 @@ async def sink(settings: CommonSettings, expected_rows: int, json_intake: bool, 
     elapsed = time.perf_counter() - t1
     stop.set()
     await task
-    await asyncio.to_thread(store.connect(settings).command, f"DROP DATABASE IF EXISTS {database}")
+    await asyncio.to_thread(connect(settings, "owner").command, f"DROP DATABASE IF EXISTS {database}")
     return {"rows": stats.rows, "startup_s": round(t1 - t0, 2), "seconds": round(elapsed, 3),
             "rows_per_s": round(expected_rows / elapsed), "batches": stats.batches}
 
@@ -266,15 +269,20 @@ def kafka_engine(settings: CommonSettings, expected_rows: int, broker: str) -> d
                            "refuses CREATE TABLE ... ENGINE = Kafka (chdb 4.4: Code 49, Shutdown was called)"}
     database = f"bench_kafka_engine_{uuid.uuid4().hex[:8]}"  # nothing stored before counts
     cfg = settings.model_copy(update={"clickhouse_database": database})
-    client = store.connect(cfg)
-    store.apply_schema(client, cfg)
+    store.prepare(cfg)
+    client = connect(cfg, "owner")
     intake = INTAKES["gpu_samples"]
     topic = SAMPLES.full(settings.topic_prefix)
-    client.command(
-        f"CREATE TABLE samples_kafka ({intake.structure(provenance=False)}) ENGINE = Kafka SETTINGS "
-        f"kafka_broker_list = '{broker}', kafka_topic_list = '{topic}', kafka_group_name = 'bench-{uuid.uuid4().hex}', "
-        f"kafka_format = 'JSONEachRow', kafka_num_consumers = {min(SAMPLES.partitions, os.cpu_count() or 1)}, "
-        + ", ".join(f"{k} = {v}" for k, v in INTAKE_FORMAT_SETTINGS.items()))
+    try:
+        client.command(
+            f"CREATE TABLE samples_kafka ({intake.structure(provenance=False)}) ENGINE = Kafka SETTINGS "
+            f"kafka_broker_list = '{broker}', kafka_topic_list = '{topic}', "
+            f"kafka_group_name = 'bench-{uuid.uuid4().hex}', kafka_format = 'JSONEachRow', "
+            f"kafka_num_consumers = {min(SAMPLES.partitions, os.cpu_count() or 1)}, "
+            + ", ".join(f"{k} = {v}" for k, v in INTAKE_FORMAT_SETTINGS.items()))
+    except Exception as exc:  # the local server (clickhouse-local's engine) refuses it too: Code 49
+        client.command(f"DROP DATABASE IF EXISTS {database}")
+        return {"not_run": f"the server refused ENGINE = Kafka: {str(exc)[:300]}"}
     t0, first = time.perf_counter(), None
     select = intake.query("samples_kafka", partition="_partition", offset="_offset",
                           kafka_ts_ms="toUnixTimestamp64Milli(_timestamp_ms)")
@@ -297,8 +305,8 @@ def kafka_engine(settings: CommonSettings, expected_rows: int, broker: str) -> d
 
 def bare_insert(settings: CommonSettings, rows: list[tuple], batch_rows: int, repeat: int) -> dict:
     """clickhouse-connect inserting the rows already extracted, nothing else: what the store takes at most."""
-    client = store.connect(settings)
-    store.apply_schema(client, settings)
+    store.prepare(settings)
+    client = connect(settings, "owner")
     table = TABLES["gpu_samples"]
     times = []
     for _ in range(repeat):
@@ -453,7 +461,8 @@ async def main(args) -> dict:
 
 
 async def pipeline(args, tmp: Path) -> dict:
-    """Samples only: raw decode ceiling, the power_thermal worker, the ClickHouse sink and a bare insert."""
+    """Samples only: raw decode ceiling, the power_thermal worker, the ClickHouse sink into each store (the local server
+    and the embedded engine, alternated run by run on the same records) and a bare insert into each."""
     env = namespace(tmp)
     os.environ.update(env)
     settings = CommonSettings()
@@ -466,35 +475,87 @@ async def pipeline(args, tmp: Path) -> dict:
     raw_s = statistics.median(decode_times)
     worker = (await stream_worker(settings, env, worker_topics(settings, "power_thermal"))
               if not args.skip_streams else None)
-    sinks: dict[str, list[dict]] = {"json_intake": [], "python_rows": []}
-    for k in range(args.repeat):  # alternated, each run a fresh database and consumer group on the same records
-        for way in sinks:
-            sinks[way].append(await sink(settings, len(rows), way == "json_intake", f"{way}_{k}"))
-    sink_rates = {way: statistics.median(r["rows_per_s"] for r in runs) for way, runs in sinks.items()}
+    server = None
+    try:
+        stores = {}
+        for name in args.stores.split(","):
+            if name == "server":
+                server, stores[name] = server_store(settings, tmp)
+            elif name == "embedded":  # the process's one embedded store (namespace's, unless a server was named)
+                stores[name] = settings if settings.embedded_store else settings.model_copy(
+                    update={"clickhouse_url": f"chdb://{tmp / 'chdb'}"})
+            else:
+                raise SystemExit(f"--stores: server or embedded, not {name!r}")
+        ways = ("json_intake", "python_rows") if args.python_rows else ("json_intake",)
+        runs: dict[str, list[dict]] = {f"{store}/{way}": [] for store in stores for way in ways}
+        for k in range(args.repeat):  # alternated, each run a fresh database and consumer group on the same records
+            for store_name, store_settings in stores.items():
+                for way in ways:
+                    runs[f"{store_name}/{way}"].append(await sink(store_settings, len(rows), way == "json_intake",
+                                                                  f"{store_name}_{way}_{k}"))
+        sink_rates = {key: statistics.median(r["rows_per_s"] for r in rs) for key, rs in runs.items()}
+        bare = {}
+        for store_name, store_settings in stores.items():
+            bare_settings = store_settings.model_copy(
+                update={"clickhouse_database": f"bench_bare_{uuid.uuid4().hex[:8]}"})
+            bare[store_name] = await asyncio.to_thread(bare_insert, bare_settings, rows, 50_000, args.repeat)
+        peer = (await asyncio.to_thread(kafka_engine, stores["server"], len(rows),
+                                        args.kafka_engine_broker or settings.bootstrap)
+                if "server" in stores else {"not_run": "no server among --stores"})
+    finally:
+        if server is not None:
+            server.stop()
     t0 = time.perf_counter()
     for part, off, rec in decoded:
         TABLES["gpu_samples"].rows(rec, part, off)
     rows_s = time.perf_counter() - t0
-    bare_settings = settings.model_copy(update={"clickhouse_database": f"bench_bare_{uuid.uuid4().hex[:8]}"})
-    bare = await asyncio.to_thread(bare_insert, bare_settings, rows, 50_000, args.repeat)
-    peer = await asyncio.to_thread(kafka_engine, settings, len(rows), args.kafka_engine_broker or settings.bootstrap)
-    sink_rate = sink_rates["json_intake"]
+    raw_rows_per_s = len(rows) / raw_s
+    ratios = {}
+    for store_name in stores:
+        rate = sink_rates[f"{store_name}/json_intake"]
+        ratios[f"{store_name}_sink_vs_bare_insert"] = round(rate / bare[store_name]["rows_per_s"], 3)
+        ratios[f"{store_name}_sink_vs_raw_decode"] = round(rate / raw_rows_per_s, 3)
+        if args.python_rows:
+            ratios[f"{store_name}_json_intake_vs_python_rows"] = round(
+                rate / sink_rates[f"{store_name}/python_rows"], 3)
+    if {"server", "embedded"} <= set(stores):
+        ratios["sink_server_vs_embedded"] = round(sink_rates["server/json_intake"]
+                                                  / sink_rates["embedded/json_intake"], 3)
+    if peer.get("rows_per_s"):
+        ratios["server_sink_vs_kafka_engine"] = round(sink_rates["server/json_intake"] / peer["rows_per_s"], 3)
     return {
         "data": {"hosts": args.hosts, "ticks": args.ticks, "samples": n, "gpu_rows": len(rows),
                  "mean_sample_bytes": round(sum(len(orjson.dumps(r)) for _, _, r in decoded[:200]) / min(200, n))},
-        "raw_consume_decode": {"samples_per_s": round(n / raw_s), "rows_per_s": round(len(rows) / raw_s),
+        "raw_consume_decode": {"samples_per_s": round(n / raw_s), "rows_per_s": round(raw_rows_per_s),
                                "seconds_median": round(raw_s, 3), "repeat": args.repeat},
         "sink_row_extraction": {"rows_per_s": round(len(rows) / rows_s), "seconds": round(rows_s, 3)},
         "stream_worker": worker,
-        "sink": {"rows_per_s_median": sink_rates, "runs": sinks},
+        "sink": {"rows_per_s_median": sink_rates, "runs": runs},
         "bare_clickhouse_insert": bare,
         "kafka_engine": peer,
-        "ratios": {"sink_json_intake_vs_python_rows": round(sink_rate / sink_rates["python_rows"], 3),
-                   "sink_vs_bare_insert": round(sink_rate / bare["rows_per_s"], 3),
-                   "sink_vs_raw_decode": round(sink_rate / (len(rows) / raw_s), 3),
-                   "sink_vs_kafka_engine": (round(sink_rate / peer["rows_per_s"], 3)
-                                            if peer.get("rows_per_s") else None)},
+        "ratios": ratios,
     }
+
+
+def server_store(settings: CommonSettings, tmp: Path):
+    """(the server, settings that store into it): the server FLEETPULSE_CLICKHOUSE_URL names, or the project's local
+    server started here under `tmp` on free ports (stopped by the caller)."""
+    if os.environ.get("FLEETPULSE_CLICKHOUSE_URL", "").startswith(("http://", "https://")):
+        return None, settings.model_copy(update={"clickhouse_url": os.environ["FLEETPULSE_CLICKHOUSE_URL"]})
+    http = _free_port()
+    server = LocalClickHouse(tmp / "clickhouse", http_port=http, tcp_port=_free_port())
+    server.start()
+    roles = {f"clickhouse_{role}_{what}": (user if what == "user" else SecretStr(server.password(role)))
+             for role, (user, _) in server.users.items() for what in ("user", "password")}
+    return server, settings.model_copy(update={"clickhouse_url": server.url, **roles})
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 if __name__ == "__main__":
@@ -503,6 +564,11 @@ if __name__ == "__main__":
     p.add_argument("--ticks", type=int, default=30)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--skip-streams", action="store_true")
+    p.add_argument("--stores", default="server,embedded",
+                   help="the stores the sink writes into, alternated run by run (default: %(default)s: the local "
+                        "ClickHouse server started here, or the one FLEETPULSE_CLICKHOUSE_URL names, and embedded chdb)")
+    p.add_argument("--python-rows", action="store_true",
+                   help="also the sink with FLEETPULSE_SINK_JSON_INTAKE=false (rows extracted by Python)")
     p.add_argument("--kafka-engine-broker", help="the broker as the ClickHouse server reaches it (default: as here)")
     p.add_argument("--stages", choices=("power_thermal", "all"), default="power_thermal",
                    help="all: the whole worker on samples, XID and NCCL from the simulator (no sink figures)")
