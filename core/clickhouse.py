@@ -130,11 +130,14 @@ def connect(settings: CommonSettings, role: str, *, database: str | None = None)
             bootstrap.close()
         return clickhouse_connect.get_client(dsn=dsn, database=database, autogenerate_session_id=False)
     except Exception as exc:
-        context = (f"cannot open ClickHouse at {redact(dsn)} as the {role} "
-                   f"({settings.clickhouse_credentials(role)[0] or 'the URL’s user'})")
-        if settings.uses_local_clickhouse:
-            context += " (the project's local server: `fleetpulse clickhouse start` starts it)"
-        raise store_error(exc, context) from exc
+        error = store_error(exc, f"cannot open ClickHouse at {redact(dsn)} as the {role} "
+                                 f"({settings.clickhouse_credentials(role)[0] or 'the URL’s user'})")
+        if settings.uses_local_clickhouse and error.name == "unreachable":
+            raise StoreError(f"the local ClickHouse server is not running (nothing answers on {settings.clickhouse_dsn}): "
+                             "start it "
+                             "with `fleetpulse clickhouse start`, or run `./dev up`", action=WAIT,
+                             name="unreachable") from exc
+        raise error from exc
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -166,6 +169,16 @@ def store_error(exc: BaseException, context: str) -> StoreError:
     else:
         action, name = STOP, f"code {code}" if code is not None else type(exc).__name__
     return StoreError(f"{context}: {message}", action=action, code=code, name=name)
+
+
+def said(exc: BaseException) -> str:
+    """What ClickHouse said, without the client's wrapping (its "Received ClickHouse exception …, server response:"
+    in front, the server's version and the request's URL behind): for a message about a user's own statement."""
+    text = str(exc).split("server response: ", 1)[-1].strip()
+    return _TRAILER.sub("", text).strip()
+
+
+_TRAILER = re.compile(r"\s*\((?:version [\d.]+|for url [^)]*)\)")
 
 
 def redact(dsn: str) -> str:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import ssl
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from core.errors import ConfigError
 
@@ -248,6 +249,9 @@ class CommonSettings(BaseSettings):
         return args
 
 
+_QUOTED = re.compile(r'field "(\w+)"')
+
+
 def load(cls: type[BaseSettings], **overrides) -> BaseSettings:
     """Build settings or fail with the offending field named (config errors stop start-up)."""
     try:
@@ -255,6 +259,12 @@ def load(cls: type[BaseSettings], **overrides) -> BaseSettings:
     except ValidationError as exc:
         problems = "; ".join(f"{_where(cls, err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid {cls.__name__}: {problems}") from exc
+    except SettingsError as exc:  # a JSON setting that is not JSON: pydantic-settings names the field only
+        field = _QUOTED.search(str(exc))
+        where = _where(cls, (field.group(1),)) if field else "a setting"
+        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+        raise ConfigError(f"invalid {cls.__name__}: {where}: not valid JSON{cause}; give it a JSON object, "
+                          "or unset it for the default") from exc
 
 
 def _where(cls: type[BaseSettings], loc: tuple) -> str:

@@ -34,13 +34,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
-    """All subcommands are listed; only the chosen one's module is imported to add its options."""
+    """All subcommands are listed; only the chosen one's module is imported to add its options. The subcommands'
+    parsers are kept on the parser (`commands`), so a flag one of them does not know is reported with its usage."""
     parser = argparse.ArgumentParser(prog="fleetpulse", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = {}
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
+        parser.commands[name] = p
         if name == chosen:
             importlib.import_module(module).configure_parser(p)
     return parser
@@ -50,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top level's
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -66,8 +71,29 @@ def main(argv: list[str] | None = None) -> int:
     except FleetpulseError as exc:
         print(f"fleetpulse {args.command}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a broker that does not answer is a known condition, told with the next step
+        from aiokafka.errors import KafkaConnectionError
+
+        if not isinstance(exc, KafkaConnectionError):
+            raise
+        print(f"fleetpulse {args.command}: {unreachable_broker(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def unreachable_broker(exc: Exception) -> str:
+    from core.settings import CommonSettings
+
+    try:
+        settings = CommonSettings()
+    except Exception:  # a bad setting was reported before any client started
+        return f"cannot reach the Kafka broker: {exc}"
+    if settings.uses_local_kafka:
+        return (f"nothing answers on {settings.bootstrap}, the project's local Kafka broker: start it with "
+                "`fleetpulse kafka start` (or run `./dev up`), or name yours with KAFKA_BOOTSTRAP_SERVERS")
+    return (f"cannot reach the Kafka broker at {settings.bootstrap} (KAFKA_BOOTSTRAP_SERVERS): {exc}; check that it "
+            "runs and that this machine reaches it")
 
 
 if __name__ == "__main__":

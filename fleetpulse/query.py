@@ -15,7 +15,7 @@ import threading
 import urllib.error
 import urllib.request
 
-from core.clickhouse import QueryLimits, connect, store_error
+from core.clickhouse import QueryLimits, connect, said, store_error
 from core.errors import StoreError
 from core.settings import CommonSettings, load
 from sinks.query_guard import QueryRefused
@@ -84,24 +84,36 @@ def query(settings: CommonSettings, sql: str, *, open_store: bool = True, timeou
             return answer
         if not open_store:
             raise StoreError("the sink that owns the store is not answering yet")
-        return run_guarded(connect(settings, "analyst"), sql, QueryLimits.of(settings))
-    client, read_only = _analysts.get(settings)
-    if not read_only:
-        return run_guarded(client, sql, QueryLimits.of(settings))
-    try:  # sent as written (its FORMAT clause too; else the server's default, TabSeparated): ClickHouse judges it
+        client, read_only = connect(settings, "analyst"), False
+    else:
+        client, read_only = _analysts.get(settings)
+    try:
+        if not read_only:
+            return run_guarded(client, sql, QueryLimits.of(settings))
+        # sent as written (its FORMAT clause too; else the server's default, TabSeparated): ClickHouse judges it
         return client.raw_query(sql.strip().removesuffix(";"), fmt=None)
+    except QueryRefused:
+        raise
     except Exception as exc:
         raise refused(exc, settings) from exc
 
 
 def refused(exc: Exception, settings: CommonSettings) -> StoreError:
-    """What ClickHouse answered, as the analyst reads it: a refusal names the user and the rule it met."""
+    """What ClickHouse answered about the user's own statement, as the user reads it: its message without the
+    client's wrapping, a refusal with the read-only user named, a missing table with the next step."""
     error = store_error(exc, "query failed")
-    if error.code not in REFUSALS:
+    if error.code is None:
         return error
-    said = str(exc).split("server response: ", 1)[-1].strip()
-    user = settings.clickhouse_credentials("analyst")[0] or "the URL's user"
-    return QueryRefused(f"ClickHouse refused it for the read-only analyst ({user}): {said}")
+    text = said(exc)
+    if isinstance(exc, StoreError) and not text.startswith("Code:"):
+        return error  # already said as the user reads it
+    if error.code in REFUSALS:
+        user = settings.clickhouse_credentials("analyst")[0] or "the URL's user"
+        return QueryRefused(f"ClickHouse refused it for the read-only analyst ({user}): {text}")
+    if error.code in (60, 81):  # UNKNOWN_TABLE, UNKNOWN_DATABASE
+        return StoreError(f"{text} — nothing is stored under that name in {settings.clickhouse_database} yet: "
+                          "`./dev up` (or a running sink) stores a run", code=error.code, name=error.name)
+    return StoreError(text, code=error.code, name=error.name)
 
 
 def run(args: argparse.Namespace) -> int:

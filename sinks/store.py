@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 from clickhouse_connect.driver.client import Client
 
-from core.clickhouse import QueryLimits, connect, store_error
+from core.clickhouse import QueryLimits, connect, said, store_error
 from core.errors import StoreError
 from core.settings import CommonSettings
 from schemas.ddl import (WATERMARKS, days, expected_columns, normalise_codec, rollup_statements, table_statements,
@@ -309,16 +309,23 @@ def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[byt
         raise store_error(exc, f"insert into {table} failed") from exc
 
 
+_EXPLAIN = "EXPLAIN AST "
+_POSITION = re.compile(r"(position |line 1, col )(\d+)")
+
+
 def run_guarded(client: Client, sql: str, limits: QueryLimits) -> bytes:
     """Raw output of one read-only statement within `limits` (sinks/query_guard.py), or QueryRefused / StoreError."""
     def ast_of(statement: str) -> str:
-        try:
-            return client.raw_query(f"EXPLAIN AST {statement}", fmt="TabSeparated").decode()
-        except Exception as exc:
-            raise store_error(exc, "EXPLAIN AST failed") from exc
+        try:  # command(): query() would append a FORMAT clause to the statement explained
+            return str(client.command(f"{_EXPLAIN}{statement}"))
+        except Exception as exc:  # ClickHouse's words about the user's statement, its positions in the user's text
+            error = store_error(exc, "")
+            raise StoreError(_POSITION.sub(lambda m: f"{m.group(1)}{int(m.group(2)) - len(_EXPLAIN)}", said(exc)),
+                             action=error.action, code=error.code, name=error.name) from exc
 
     statement, fmt = guarded(ast_of, sql, limits)
     try:
         return client.raw_query(statement, fmt=fmt)
     except Exception as exc:
-        raise store_error(exc, "query failed") from exc
+        error = store_error(exc, "")
+        raise StoreError(said(exc), action=error.action, code=error.code, name=error.name) from exc
