@@ -17,6 +17,7 @@ from pathlib import Path
 from fleetpulse import page
 from fleetpulse.broker import ensure_broker, local_broker
 from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
+from fleetpulse.run_data import start_fresh, where_it_lives
 from core.errors import FleetpulseError
 from agents.simulator.scenario import load_scenario
 from fleetpulse.evaluate.bot import bot_config
@@ -41,6 +42,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-streams", action="store_true", help="skip the stream worker")
     p.add_argument("--plain", action="store_true", help="print status lines instead of the live view")
     p.add_argument("--drain-timeout", type=float, default=120, help="seconds to wait for consumers to catch up")
+    p.add_argument("--keep", action="store_true",
+                   help="go on with the last run's data (default: a fresh run; the last one's broker data, rows and "
+                        "logs are removed first, while the project's own broker and server are stopped)")
+    p.add_argument("--json", action="store_true",
+                   help="print the whole result as JSON on stdout (default: a summary of a screen; the JSON goes to "
+                        "<data_dir>/up.json)")
     p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
                    help="at the end of the run, load the fleet page in headless Chromium and write its screenshot")
 
@@ -104,6 +111,7 @@ class Stack:
         s, a = self.settings, self.args
         shot = None
         delays = bot_config(load_scenario(a.scenario).bot)  # a bad scenario stops `up` before anything starts
+        print(f"up: {start_fresh(s, a.keep)}", file=sys.stderr)
         if s.uses_local_kafka:
             self.started_broker = not local_broker(s).status()["running"]
         await asyncio.to_thread(ensure_broker, s)
@@ -239,6 +247,33 @@ def _last_json(stdout: bytes) -> dict | None:
 def run(args: argparse.Namespace) -> int:
     settings = load(CommonSettings)
     os.environ.setdefault("FLEETPULSE_DATA_DIR", str(settings.data_dir.resolve()))
-    result = asyncio.run(Stack(settings.model_copy(update={"data_dir": settings.data_dir.resolve()}), args).run())
-    print(json.dumps(result, indent=2, default=str))
+    settings = settings.model_copy(update={"data_dir": settings.data_dir.resolve()})
+    result = asyncio.run(Stack(settings, args).run())
+    text = json.dumps(result, indent=2, default=str)
+    if args.json:
+        print(text)
+        return 0
+    (settings.data_dir / "up.json").write_text(text + "\n")
+    print("\n".join(summary(result, args)))
+    print(f"whole result: {settings.data_dir / 'up.json'}; {where_it_lives(settings)}")
     return 0
+
+
+def summary(result: dict, args: argparse.Namespace) -> list[str]:
+    """What the run did, in a dozen lines: published and stored, the figures, the newest events."""
+    sim, final = result.get("simulator") or {}, result.get("final") or {}
+    uc = final.get("usable_compute")
+    rows = final.get("rows") or {}
+    out = [f"fleetpulse up: {sim.get('scenario', args.scenario)}, {args.hosts} hosts, {sim.get('ticks', '?')} ticks "
+           f"published ({sim.get('gpu_readings', 0):,} GPU readings); {rows.get('gpu_samples', 0):,} GPU rows stored",
+           f"usable compute {'-' if uc is None else f'{uc:.1%}'} · alerts firing {final.get('alerts_firing') or 0} · "
+           f"faults {final.get('faults') or 0} · drains {final.get('drains') or 0} · returned "
+           f"{final.get('returns') or 0} · stragglers {final.get('stragglers') or 0} · bot answers "
+           f"{result.get('bot_answers', 0)}",
+           f"store: {final.get('store') or '-'} · dead letters {final.get('dead_letters', 0)}"]
+    events = final.get("events") or []
+    if events:
+        out += ["newest events:"] + [f"  {e}" for e in events[:8]]
+    if result.get("screenshot"):
+        out.append(f"page screenshot: {result['screenshot'].get('path')}")
+    return out

@@ -10,7 +10,7 @@ import urllib.request
 import orjson
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
 from core.settings import CommonSettings
 from fleetpulse.query import query
@@ -126,7 +126,8 @@ class StackView:
 
     def __enter__(self):
         if not self.plain:
-            self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+            self.live = Live(get_renderable=self._render, console=self.console, refresh_per_second=2,
+                             transient=False, vertical_overflow="crop")
             self.live.__enter__()
         return self
 
@@ -162,7 +163,7 @@ class StackView:
             "events": facts.get("events") or self.last.get("events") or [],
         }
         if self.live is not None:
-            self.live.update(self._render())
+            self.live.refresh()
         elif now - self.last_print >= 5:
             self.last_print = now
             rows = self.last["rows"].get("gpu_samples", 0)
@@ -178,29 +179,53 @@ class StackView:
                     self.printed.add(line)
                     self.console.print(f"  {line}", markup=False, highlight=False)
 
-    def _render(self) -> Table:
-        table = Table(title=f"fleetpulse — {self.hosts} hosts — {self.message}", expand=False)
-        table.add_column("topic")
-        table.add_column("messages", justify="right")
-        table.add_column("msg/s", justify="right")
-        for topic, n in sorted((self.last.get("messages") or {}).items()):
-            if n:
-                table.add_row(topic, str(n), f"{self.last['rates'].get(topic, 0):.0f}")
-        table.add_section()
-        for name, rows in sorted((self.last.get("rows") or {}).items()):
-            if rows:
-                table.add_row(f"rows in {name}", str(rows), "")
-        uc = self.last.get("usable_compute")
-        table.add_section()
-        table.add_row("alerts firing", str(self.last.get("alerts_firing", "-")), "")
-        table.add_row("dead letters", str(self.last.get("dead_letters", 0)), "")
-        table.add_row("store", self.last.get("store") or "-", "")
-        table.add_row("usable compute", "-" if uc is None else f"{uc:.1%}", f"of {self.last.get('installed_gpus', 0)} GPUs")
-        table.add_row("faults / drains / returned", f"{self.last.get('faults') or 0} / {self.last.get('drains') or 0}"
-                      f" / {self.last.get('returns') or 0}", "")
-        table.add_row("stragglers flagged", str(self.last.get("stragglers") or 0), "")
-        if self.last.get("events"):
-            table.add_section()
-            for line in self.last["events"]:
-                table.add_row(line, "", "")
-        return table
+    def lines(self, width: int, height: int) -> list[str]:
+        """The view in at most `height` lines of `width` characters: the rates and the rows compressed onto a line or
+        two each, the figures, then as many of the newest events as the rest of the screen holds."""
+        last = self.last
+        rates = last.get("rates") or {}
+        moving = [f"{short(t)} {rate:.0f}" for rate, t in sorted(  # the busiest first
+            ((rates.get(t, 0), t) for t, n in (last.get("messages") or {}).items() if n), reverse=True)]
+        stored = [f"{name} {rows:,}" for rows, name in sorted(
+            ((rows, name) for name, rows in (last.get("rows") or {}).items() if rows), reverse=True)]
+        uc = last.get("usable_compute")
+        out = [f"fleetpulse — {self.hosts} hosts — {self.message}"]
+        out += wrap("msg/s   ", moving, width, 2) + wrap("stored  ", stored, width, 3)
+        out += [f"usable compute {'-' if uc is None else f'{uc:.1%}'} of {last.get('installed_gpus', 0)} GPUs · "
+                f"alerts firing {last.get('alerts_firing') or 0} · dead letters {last.get('dead_letters', 0)}",
+                f"faults {last.get('faults') or 0} · drains {last.get('drains') or 0} · returned "
+                f"{last.get('returns') or 0} · stragglers {last.get('stragglers') or 0}",
+                f"store: {last.get('store') or '-'}"]
+        room = height - len(out) - 1
+        events = (last.get("events") or [])[:max(0, room)]
+        if events:
+            out += ["events (newest first):"] + [f"  {e}" for e in events[:room - 1]]
+        return [line[:width] for line in out[:height]]
+
+    def _render(self) -> Text:
+        size = self.console.size
+        return Text("\n".join(self.lines(size.width, size.height - 1)))
+
+
+def short(topic: str) -> str:
+    """A topic as the view names it: its last word (fleet.telemetry.samples -> samples)."""
+    return topic.rsplit(".", 1)[-1]
+
+
+def wrap(head: str, items: list[str], width: int, most: int) -> list[str]:
+    """`items` after `head`, ' · ' between them, on at most `most` lines of `width`; what does not fit is counted
+    ("… +3")."""
+    rows: list[list[str]] = [[]]
+    for item in items:
+        if len(head) + len(" · ".join(rows[-1] + [item])) > width and rows[-1]:
+            rows.append([])
+        rows[-1].append(item)
+    if len(rows) > most:
+        kept, left = rows[:most], sum(len(r) for r in rows[most:])
+        while kept[-1] and len(head) + len(" · ".join(kept[-1])) + len(f" … +{left + 1}") > width:
+            kept[-1].pop()
+            left += 1
+        kept[-1].append(f"… +{left}")
+        rows = kept
+    pad = " " * len(head)
+    return [(head if k == 0 else pad) + (" · ".join(r) if r else "-") for k, r in enumerate(rows)]

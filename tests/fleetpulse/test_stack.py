@@ -26,25 +26,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(kafka_bootstrap, topic_prefix, tmp_path,
-                                                                  request):
+def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(tmp_path, request):
     http_port = free_ports(2)
     tcp_port = http_port + 1
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("FLEETPULSE_CLICKHOUSE", "CLICKHOUSE"))},
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "FLEETPULSE_TOPIC_PREFIX": topic_prefix,
+        **{k: v for k, v in os.environ.items() if not k.startswith(("FLEETPULSE_", "CLICKHOUSE", "KAFKA_"))},
+        "FLEETPULSE_LOCAL_KAFKA_PORT": str(free_ports(2)),
         "FLEETPULSE_DATA_DIR": str(tmp_path / "data"),
         "FLEETPULSE_SINK_PORT": str(free_port()),
         "FLEETPULSE_PAGE_PORT": str(free_port()),
         "FLEETPULSE_LOCAL_CLICKHOUSE_HTTP_PORT": str(http_port),
         "FLEETPULSE_LOCAL_CLICKHOUSE_TCP_PORT": str(tcp_port),
-    }  # no store named: up starts the local ClickHouse server, as on a fresh machine
+    }  # no broker or store named: up starts the local ones, as on a fresh machine
     cli = [sys.executable, "-m", "fleetpulse.cli"]
     # the default scenario (demo), 180 simulated seconds six times faster than real time
     shot = tmp_path / "page.png"
     out_file, err_file = open(tmp_path / "up.out", "w+"), open(tmp_path / "up.err", "w+")
-    running = subprocess.Popen(cli + ["up", "--hosts", "8", "--speed", "6", "--plain", "--screenshot", str(shot)],
+    running = subprocess.Popen(cli + ["up", "--hosts", "8", "--speed", "6", "--plain", "--json", "--screenshot",
+                                      str(shot)],
                                env=env, stdout=out_file, stderr=err_file, text=True)
     # While it runs, any ClickHouse client reads the store: here a plain HTTP GET as the analyst, as curl sends it.
     password = tmp_path / "data" / "clickhouse" / "passwords" / "analyst"
@@ -112,6 +111,20 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(kafka_bootstrap
     assert "gpu-node-0001" in text["drains"] and "validation passed" in text["drains"]
     assert "closed" in text["breaker"] and "job-0000" in text["stragglers"] and "gpu-node-0004" in text["stragglers"]
     assert "GpuTempSlowdown" in text["alerts"] and "119" in text["top_xids"]
+
+    # A second run starts from zero: the first one's broker data, rows and logs are removed before it starts (its
+    # summary of a screen on stdout, the whole result in a file).
+    assert subprocess.run(cli + ["clickhouse", "stop"], env=env, capture_output=True).returncode == 0
+    again = subprocess.run(cli + ["up", "--hosts", "4", "--duration", "20", "--speed", "0", "--scenario", "baseline",
+                                  "--plain"], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "up: a fresh run: removed the last run's data in " in again.stderr
+    whole = json.loads((tmp_path / "data" / "up.json").read_text())
+    assert whole["final"]["rows"]["gpu_samples"] == whole["simulator"]["gpu_readings"] == 4 * 8 * 20
+    assert whole["final"]["faults"] == whole["final"]["drains"] == 0  # none of the first run's
+    lines = again.stdout.splitlines()
+    assert lines[0].startswith("fleetpulse up: baseline, 4 hosts, 20 ticks published (640 GPU readings); 640 GPU rows")
+    assert len(lines) <= 15 and lines[-1].startswith(f"whole result: {tmp_path / 'data' / 'up.json'}")
 
 
 def test_up_plays_the_demo_by_default_and_baseline_injects_nothing():
