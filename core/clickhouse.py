@@ -133,10 +133,9 @@ def connect(settings: CommonSettings, role: str, *, database: str | None = None)
         error = store_error(exc, f"cannot open ClickHouse at {redact(dsn)} as the {role} "
                                  f"({settings.clickhouse_credentials(role)[0] or 'the URL’s user'})")
         if settings.uses_local_clickhouse and error.name == "unreachable":
-            raise StoreError(f"the local ClickHouse server is not running (nothing answers on {settings.clickhouse_dsn}): "
-                             "start it "
-                             "with `fleetpulse clickhouse start`, or run `./dev up`", action=WAIT,
-                             name="unreachable") from exc
+            raise StoreError(f"the local ClickHouse server is not running (nothing answers on "
+                             f"{settings.clickhouse_dsn}): start it with `fleetpulse clickhouse start`, or run "
+                             "`./dev up`", action=WAIT, name="unreachable") from exc
         raise error from exc
 
 
@@ -176,6 +175,13 @@ def said(exc: BaseException) -> str:
     in front, the server's version and the request's URL behind): for a message about a user's own statement."""
     text = str(exc).split("server response: ", 1)[-1].strip()
     return _TRAILER.sub("", text).strip()
+
+
+def said_error(exc: BaseException, text: str | None = None) -> StoreError:
+    """`exc` classified as store_error does it, its message what ClickHouse said (or `text`): an error about the
+    user's own statement."""
+    error = store_error(exc, "")
+    return StoreError(said(exc) if text is None else text, action=error.action, code=error.code, name=error.name)
 
 
 _TRAILER = re.compile(r"\s*\((?:version [\d.]+|for url [^)]*)\)")

@@ -73,10 +73,10 @@ class LocalClickHouse(LocalProcess):
     @classmethod
     def of(cls, settings: CommonSettings, **more) -> LocalClickHouse:
         users = {}
-        for role in ROLES:
-            user = getattr(settings, f"clickhouse_{role}_user") or f"fleetpulse_{role}"
-            secret = getattr(settings, f"clickhouse_{role}_password")
-            users[role] = (user, secret.get_secret_value() if secret is not None else None)
+        for role in ROLES:  # the users the settings name (the local server's own names by default); a password set
+            secret = getattr(settings, f"clickhouse_{role}_password")  # there, else made at the first start
+            users[role] = (settings.clickhouse_credentials(role)[0],
+                           secret.get_secret_value() if secret is not None else None)
         return cls(settings.local_clickhouse_home, settings.local_clickhouse_http_port,
                    settings.local_clickhouse_tcp_port, users, QueryLimits.of(settings),
                    database=settings.clickhouse_database, **more)
@@ -93,12 +93,6 @@ class LocalClickHouse(LocalProcess):
             with os.fdopen(fd, "w") as out:
                 out.write(secrets.token_urlsafe(18) + "\n")
         return path.read_text().strip()
-
-    def dsn(self, role: str) -> str:
-        from urllib.parse import quote
-
-        user = self.users[role][0]
-        return f"http://{quote(user, safe='')}:{quote(self.password(role), safe='')}@127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 60) -> str:
         """Start the server (or find ours running), wait for a query round trip as every role; its HTTP URL."""

@@ -15,7 +15,7 @@ import threading
 import urllib.error
 import urllib.request
 
-from core.clickhouse import QueryLimits, connect, said, store_error
+from core.clickhouse import QueryLimits, connect, said_error, store_error
 from core.errors import StoreError
 from core.settings import CommonSettings, load
 from sinks.query_guard import QueryRefused
@@ -101,19 +101,16 @@ def query(settings: CommonSettings, sql: str, *, open_store: bool = True, timeou
 def refused(exc: Exception, settings: CommonSettings) -> StoreError:
     """What ClickHouse answered about the user's own statement, as the user reads it: its message without the
     client's wrapping, a refusal with the read-only user named, a missing table with the next step."""
-    error = store_error(exc, "query failed")
-    if error.code is None:
-        return error
-    text = said(exc)
-    if isinstance(exc, StoreError) and not text.startswith("Code:"):
-        return error  # already said as the user reads it
+    error = said_error(exc)
+    if error.code is None:  # no answer from ClickHouse: what failed, in the client's words
+        return store_error(exc, "query failed")
     if error.code in REFUSALS:
         user = settings.clickhouse_credentials("analyst")[0] or "the URL's user"
-        return QueryRefused(f"ClickHouse refused it for the read-only analyst ({user}): {text}")
+        return QueryRefused(f"ClickHouse refused it for the read-only analyst ({user}): {error}")
     if error.code in (60, 81):  # UNKNOWN_TABLE, UNKNOWN_DATABASE
-        return StoreError(f"{text} — nothing is stored under that name in {settings.clickhouse_database} yet: "
-                          "`./dev up` (or a running sink) stores a run", code=error.code, name=error.name)
-    return StoreError(text, code=error.code, name=error.name)
+        return said_error(exc, f"{error} — nothing is stored under that name in {settings.clickhouse_database} yet: "
+                               "`./dev up` (or a running sink) stores a run")
+    return error
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 from clickhouse_connect.driver.client import Client
 
-from core.clickhouse import QueryLimits, connect, said, store_error
+from core.clickhouse import QueryLimits, connect, said, said_error, store_error
 from core.errors import StoreError
 from core.settings import CommonSettings
 from schemas.ddl import (WATERMARKS, days, expected_columns, normalise_codec, rollup_statements, table_statements,
@@ -319,13 +319,11 @@ def run_guarded(client: Client, sql: str, limits: QueryLimits) -> bytes:
         try:  # command(): query() would append a FORMAT clause to the statement explained
             return str(client.command(f"{_EXPLAIN}{statement}"))
         except Exception as exc:  # ClickHouse's words about the user's statement, its positions in the user's text
-            error = store_error(exc, "")
-            raise StoreError(_POSITION.sub(lambda m: f"{m.group(1)}{int(m.group(2)) - len(_EXPLAIN)}", said(exc)),
-                             action=error.action, code=error.code, name=error.name) from exc
+            raise said_error(exc, _POSITION.sub(lambda m: f"{m.group(1)}{int(m.group(2)) - len(_EXPLAIN)}",
+                                                said(exc))) from exc
 
     statement, fmt = guarded(ast_of, sql, limits)
     try:
         return client.raw_query(statement, fmt=fmt)
     except Exception as exc:
-        error = store_error(exc, "")
-        raise StoreError(said(exc), action=error.action, code=error.code, name=error.name) from exc
+        raise said_error(exc) from exc
