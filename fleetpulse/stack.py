@@ -112,21 +112,21 @@ class Stack:
         shot = None
         delays = bot_config(load_scenario(a.scenario).bot)  # a bad scenario stops `up` before anything starts
         print(f"up: {start_fresh(s, a.keep)}", file=sys.stderr)
-        if s.uses_local_kafka:
-            self.started_broker = not local_broker(s).status()["running"]
-        await asyncio.to_thread(ensure_broker, s)
-        if s.uses_local_clickhouse:
-            self.started_store = not LocalClickHouse.of(s).running
-        store_url = await asyncio.to_thread(ensure_clickhouse, s)
-        if store_url:
-            print(f"up: the store is the ClickHouse server on {store_url} "
-                  f"({'started for this run' if self.started_store else 'already running'})", file=sys.stderr)
-        # the live view reads their offsets
-        await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
         page_url = page_runner = bot = watch = None
         bot_stop = asyncio.Event()
         view = StackView(plain=a.plain or not sys.stdout.isatty(), hosts=a.hosts)
         try:  # from the first thing started: whatever fails, everything started is stopped
+            if s.uses_local_kafka:
+                self.started_broker = not local_broker(s).status()["running"]
+            await asyncio.to_thread(ensure_broker, s)
+            if s.uses_local_clickhouse:
+                self.started_store = not LocalClickHouse.of(s).running
+            store_url = await asyncio.to_thread(ensure_clickhouse, s)
+            if store_url:
+                print(f"up: the store is the ClickHouse server on {store_url} "
+                      f"({'started for this run' if self.started_store else 'already running'})", file=sys.stderr)
+            # the live view reads their offsets
+            await ensure_topics(s.kafka_client_args(), prefix=s.topic_prefix, replication=s.replication)
             await self._child("sink", "sink").start()
             page_url, page_runner = await self._serve_page()
             if page_url:
@@ -184,8 +184,7 @@ class Stack:
                 await watch.close()
             if self.started_broker:
                 await asyncio.to_thread(local_broker(s).stop)
-            if self.started_store:
-                await asyncio.to_thread(LocalClickHouse.of(s).stop)
+            if self.started_store and await asyncio.to_thread(LocalClickHouse.of(s).stop):
                 print(f"up: stopped the ClickHouse server it started; its rows stay in {s.local_clickhouse_home} "
                       "(`fleetpulse clickhouse start` serves them again)", file=sys.stderr)
         report = _last_json(simulator.stdout)

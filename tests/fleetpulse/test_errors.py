@@ -4,6 +4,7 @@ missing service, prints one line that names what to fix and how (issue: the firs
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -74,6 +75,22 @@ def test_a_query_before_any_run_says_nothing_is_stored_yet(clickhouse_url, click
     typo = said(run("query", "SELECT count( FROM gpu_samples", env=env, tmp_path=tmp_path))
     assert "Syntax error: failed at position 20 (gpu_samples)" in typo and "'(' at position 13" in typo
     assert "EXPLAIN" not in typo and "FORMAT" not in typo
+
+
+@pytest.mark.integration
+def test_up_whose_store_port_is_taken_says_which_setting_to_change_and_leaves_nothing_running(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run("up", "--hosts", "2", "--duration", "5", "--plain", tmp_path=tmp_path,
+                   env={"FLEETPULSE_LOCAL_CLICKHOUSE_HTTP_PORT": str(port)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fleetpulse up: port {port} on 127.0.0.1 is already in use by another process; stop it or choose another "
+        "FLEETPULSE_LOCAL_CLICKHOUSE_HTTP_PORT")
+    assert "stopped the ClickHouse server" not in done.stderr  # it never started
+    assert not list(tmp_path.glob("kafka/broker.pid"))  # the broker it started for the run is stopped again
 
 
 def test_a_flag_a_command_does_not_know_prints_that_command_s_usage(tmp_path):
