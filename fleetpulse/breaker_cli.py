@@ -1,4 +1,5 @@
-"""`fleetpulse breaker status|reset`: the fleet-wide drain breaker's state, and an operator's reset after a trip."""
+"""`fleetpulse breaker status|reset`: the fleet-wide drain breaker's state, and an operator's reset after a trip; the
+fleet step's other command, the close of the last minute `up` sends when it stops."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import asyncio
 import getpass
 import json
+import math
 import time
 
 import orjson
@@ -92,20 +94,53 @@ async def status(settings: CommonSettings) -> dict:
     return summary(await read_state(args, changelog), settings.topic_prefix)
 
 
-async def reset(settings: CommonSettings, by: str, note: str, wait: float) -> tuple[dict | None, float]:
-    """Send a reset command to the fleet step; with wait > 0, return the state once the worker applied it."""
-    command_topic, changelog = topics(settings.topic_prefix)
+async def send_command(settings: CommonSettings, command: dict):
+    """One command to the lifecycle's fleet step (an operator's reset, `up`'s closing of its last minute); returns
+    the broker's record metadata (topic, partition, offset)."""
+    command_topic, _ = topics(settings.topic_prefix)
     args = settings.kafka_client_args()
     if command_topic not in await _existing(args, [command_topic]):
         raise BrokerError(f"{command_topic} does not exist: no lifecycle stage has run in this namespace")
-    ts = time.time()
     producer = AIOKafkaProducer(**args, acks="all", enable_idempotence=True)
     await producer.start()
     try:
-        await producer.send_and_wait(command_topic, orjson.dumps({"kind": "reset", "ts": ts, "by": by, "note": note}),
-                                     key=b"fleet")
+        return await producer.send_and_wait(command_topic, orjson.dumps(command), key=b"fleet")
     finally:
         await producer.stop()
+
+
+async def close_minutes(settings: CommonSettings, last_ts: float, wait: float = 30.0) -> float:
+    """Tell the fleet step the fleet's clock stopped at `last_ts`: it reports usable compute for every minute up to
+    the one holding it, which it would otherwise report only once later records arrive (streams/lifecycle/stage.py).
+    Waits (up to `wait` s) until the lifecycle's worker has committed past the command, so its minutes are published.
+    Returns the command's ts (the end of that minute)."""
+    from streams.app import group_id
+    from streams.registry import STAGES
+
+    ts = (math.floor(last_ts / 60) + 1) * 60.0
+    sent = await send_command(settings, {"kind": "close", "ts": ts})
+    group, where = group_id(settings.topic_prefix, STAGES["lifecycle"].worker), TopicPartition(sent.topic,
+                                                                                              sent.partition)
+    admin = AIOKafkaAdminClient(**settings.kafka_client_args())
+    await admin.start()
+    try:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            committed = (await admin.list_consumer_group_offsets(group)).get(where)
+            if committed is not None and committed.offset > sent.offset:
+                break
+            await asyncio.sleep(0.25)
+    finally:
+        await admin.close()
+    return ts
+
+
+async def reset(settings: CommonSettings, by: str, note: str, wait: float) -> tuple[dict | None, float]:
+    """Send a reset command to the fleet step; with wait > 0, return the state once the worker applied it."""
+    _, changelog = topics(settings.topic_prefix)
+    ts = time.time()
+    await send_command(settings, {"kind": "reset", "ts": ts, "by": by, "note": note})
+    args = settings.kafka_client_args()
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         state = await read_state(args, changelog)

@@ -15,8 +15,9 @@ DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 DASHBOARD_UID = "fleetpulse-fleet"
 HEIGHT = 8
 # sqlutil.FormatQueryOption of the Grafana plugin SDK: 0 time series, 1 table.
-FORMATS = {"timeseries": 0, "table": 1, "stat": 1, "bar": 1, "heatmap": 1}
-PANEL_TYPES = {"timeseries": "timeseries", "table": "table", "stat": "stat", "bar": "barchart", "heatmap": "table"}
+FORMATS = {"timeseries": 0, "table": 1, "stat": 1, "bar": 1, "heatmap": 1, "timeline": 1}
+PANEL_TYPES = {"timeseries": "timeseries", "table": "table", "stat": "stat", "bar": "barchart", "heatmap": "table",
+               "timeline": "table"}  # Grafana: the timeline's rows as a table
 
 DATASOURCE_YAML = f"""# Grafana provisioning: the store as a ClickHouse data source
 # (plugin grafana-clickhouse-datasource >= 4).

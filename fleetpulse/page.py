@@ -21,6 +21,7 @@ from aiohttp import web
 
 from core.errors import FleetpulseError, StoreError
 from core.settings import CommonSettings, load
+from fleetpulse import outcomes
 from fleetpulse.panels import BY_NAME, PANELS, expand
 from fleetpulse.query import query
 
@@ -29,6 +30,14 @@ WEB = Path(__file__).with_name("web")
 DEFAULT_SPAN_S = 15 * 60
 LATEST_MS = 4_102_444_800_000  # 2100-01-01: past ClickHouse's DateTime range
 MAX_POINTS = 240  # buckets per time series: the interval grows with the range
+# Bucket widths a reader counts in: a demo's minutes in 10 s steps, a day in 10 minutes, a month in hours.
+STEPS_S = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+def bucket_s(span_ms: int) -> int:
+    """The narrowest step that keeps a range within MAX_POINTS buckets (whole days past the last step)."""
+    need = span_ms / 1000 / MAX_POINTS
+    return next((s for s in STEPS_S if s >= need), -(-int(need) // 86400) * 86400)
 
 
 def _range(request: web.Request) -> tuple[datetime, datetime, int]:
@@ -40,21 +49,21 @@ def _range(request: web.Request) -> tuple[datetime, datetime, int]:
     if not 0 <= lo < hi <= LATEST_MS:
         raise web.HTTPBadRequest(text="from must be before to, both within 1970-2100\n")
     start, end = (datetime.fromtimestamp(t / 1000, timezone.utc) for t in (lo, hi))
-    interval = max(60, -(-(hi - lo) // 1000 // MAX_POINTS) // 60 * 60)  # whole minutes: the rollups' grain
-    return start, end, interval
+    return start, end, bucket_s(hi - lo)
 
 
 def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Application:
     """The page's routes. owner_only (inside `up`): on an embedded store ask only the running sink that owns it, never
     open it beside the sink."""
 
-    def ask(sql: str) -> dict:
-        return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact", open_store=not owner_only,
-                                  timeout=30 if owner_only else 300))
+    how = {"open_store": not owner_only, "timeout": 30 if owner_only else 300}
 
-    async def answer(sql: str) -> dict:
+    def ask(sql: str) -> dict:
+        return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact", **how))
+
+    async def answer(call, *args):
         try:
-            return await asyncio.to_thread(ask, sql)
+            return await asyncio.to_thread(call, *args)
         except StoreError as exc:
             raise web.HTTPServiceUnavailable(text=f"the store did not answer: {exc}\n") from None
 
@@ -67,18 +76,27 @@ def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Applicat
 
     async def span(_: web.Request) -> web.Response:
         """The range the store holds samples for (a simulated fleet may run ahead of the clock)."""
-        got = await answer("SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), count() "
-                           "FROM gpu_samples")
+        got = await answer(ask, "SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), count() "
+                                "FROM gpu_samples")
         first, last, n = got["data"][0]
+        held = await answer(outcomes.span, outcomes.asker(settings, **how)) if int(n) else None
         return web.json_response({"first": int(first), "last": int(last), "gpu_rows": int(n),
+                                  "outcomes_last": int(held[1].timestamp() * 1000) if held else None,
                                   "default_span_ms": DEFAULT_SPAN_S * 1000})
+
+    async def figures(request: web.Request) -> web.Response:
+        """The range's outcomes, as `fleetpulse report --from --to` gives them (fleetpulse/outcomes.py)."""
+        start, end, _ = _range(request)
+        got = await answer(outcomes.figures, outcomes.asker(settings, **how), outcomes.Range(start, end))
+        return web.json_response(got, dumps=lambda v: orjson.dumps(v).decode())
 
     async def panel(request: web.Request) -> web.Response:
         chosen = BY_NAME.get(request.match_info["name"])
         if chosen is None:
             raise web.HTTPNotFound(text=f"no panel {request.match_info['name']!r}\n")
         start, end, interval = _range(request)
-        got = await answer(expand(chosen.sql, start, end, interval))
+        got = await answer(ask, expand(chosen.fine_sql if interval < 60 and chosen.fine_sql else chosen.sql,
+                                       start, end, interval))
         return web.json_response({"name": chosen.name, "columns": [c["name"] for c in got["meta"]],
                                   "types": [c["type"] for c in got["meta"]], "rows": got["data"],
                                   "interval_s": interval}, dumps=lambda v: orjson.dumps(v).decode())
@@ -87,6 +105,7 @@ def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Applicat
     app.router.add_get("/", index)
     app.router.add_get("/api/panels", panels)
     app.router.add_get("/api/span", span)
+    app.router.add_get("/api/outcomes", figures)
     app.router.add_get("/api/panel/{name}", panel)
     app.router.add_static("/static", WEB)
     return app
@@ -115,7 +134,8 @@ def chromium() -> str:
 
 async def screenshot(url: str, path: Path, wait_s: float = 20.0) -> dict:
     """Load the page in headless Chromium, wait until every panel has drawn, save a full-page screenshot; returns
-    what the page showed (panel -> rows, panel -> its text) and its console errors."""
+    what the page showed (panel -> rows, panel -> its text, its range and the range's outcomes) and its console
+    errors."""
     try:
         from playwright.async_api import async_playwright
     except ImportError:
@@ -130,13 +150,14 @@ async def screenshot(url: str, path: Path, wait_s: float = 20.0) -> dict:
             await page.goto(url)
             await page.wait_for_function("window.fleetpulse && window.fleetpulse.drawn >= 1", timeout=wait_s * 1000)
             shown = await page.evaluate("window.fleetpulse.rows")
+            drawn = await page.evaluate("({range: window.fleetpulse.range, outcomes: window.fleetpulse.outcomes})")
             text = await page.evaluate("Object.fromEntries([...document.querySelectorAll('section[data-panel]')]"
                                        ".map(s => [s.dataset.panel, s.innerText]))")
             path.parent.mkdir(parents=True, exist_ok=True)
             await page.screenshot(path=str(path), full_page=True)
         finally:
             await browser.close()
-    return {"rows": shown, "text": text, "console_errors": errors}
+    return {"rows": shown, "text": text, "console_errors": errors, **drawn}
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

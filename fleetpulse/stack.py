@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetpulse import page
+from fleetpulse import breaker_cli, page, report
 from fleetpulse.broker import ensure_broker, local_broker
 from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
 from fleetpulse.run_data import start_fresh, where_it_lives
@@ -112,7 +112,7 @@ class Stack:
         shot = None
         delays = bot_config(load_scenario(a.scenario).bot)  # a bad scenario stops `up` before anything starts
         print(f"up: {start_fresh(s, a.keep)}", file=sys.stderr)
-        page_url = page_runner = bot = watch = None
+        page_url = page_runner = bot = watch = figures = None
         bot_stop = asyncio.Event()
         view = StackView(plain=a.plain or not sys.stdout.isatty(), hosts=a.hosts)
         try:  # from the first thing started: whatever fails, everything started is stopped
@@ -161,8 +161,9 @@ class Stack:
                     await asyncio.wait([sim_done], timeout=1.0)
                 view.note("simulation finished" if sim_done.done() else "interrupted: stopping")
                 await simulator.stop()
-                await self._drain(view, watch)
+                await self._drain(view, watch, (_last_json(simulator.stdout) or {}).get("end_ts"))
                 await self._refresh(view, watch)
+                figures = await asyncio.to_thread(self._figures)
                 if a.screenshot is not None and page_url:
                     view.note(f"taking the fleet page's screenshot: {a.screenshot}")
                     try:
@@ -188,7 +189,8 @@ class Stack:
                 print(f"up: stopped the ClickHouse server it started; its rows stay in {s.local_clickhouse_home} "
                       "(`fleetpulse clickhouse start` serves them again)", file=sys.stderr)
         report = _last_json(simulator.stdout)
-        out = {"simulator": report, "bot_answers": answered, "page": page_url, "final": view.last}
+        out = {"simulator": report, "bot_answers": answered, "page": page_url, "final": view.last,
+               "outcomes": figures}
         if a.screenshot is not None:
             out["screenshot"] = {"path": str(a.screenshot), **shot} if shot else None
         return out
@@ -202,17 +204,26 @@ class Stack:
             return None, None
         return f"http://127.0.0.1:{self.settings.page_port}/", runner
 
+    def _figures(self) -> dict | None:
+        """The run's outcomes as `fleetpulse report` gives them right after it (the same queries and range)."""
+        try:
+            return report.build(self.settings, None, None)
+        except FleetpulseError as exc:
+            print(f"up: no figures for the run: {exc}", file=sys.stderr)
+            return None
+
     async def _refresh(self, view: StackView, watch: OffsetWatch) -> None:
         ends = per_topic(await watch.end_offsets())
         facts = await fetch_store_facts(self.settings)
         view.update(ends, facts)
 
-    async def _drain(self, view: StackView, watch: OffsetWatch) -> None:
+    async def _drain(self, view: StackView, watch: OffsetWatch, last_ts: float | None) -> None:
         """Let streams, then the sink, consume everything already published before they are stopped.
 
         The sink must reach zero lag (raw data is never left behind). The stream worker gets a bounded
         wait: faust 0.15.3 can advance commits slowly after a rebalance, and a restarted worker resumes
-        from its committed offsets anyway.
+        from its committed offsets anyway. Once the workers caught up, the fleet step is told the fleet's clock
+        stopped at the last tick (`last_ts`), so it reports the run's last usable-compute minute now.
         """
         s = self.settings
         stages = [("sink", s.topic_prefix + "fleetpulse-sink",
@@ -232,7 +243,18 @@ class Stack:
                     break
                 await asyncio.sleep(1.0)
             if name == "streams" and stages[k + 1][0] != "streams":  # every worker caught up (or out of time)
+                if last_ts is not None:
+                    await self._close_minutes(view, last_ts)
                 await self.children[name].stop()
+
+
+    async def _close_minutes(self, view: StackView, last_ts: float) -> None:
+        try:
+            ts = await breaker_cli.close_minutes(self.settings, last_ts)
+        except FleetpulseError as exc:
+            view.note(f"the last usable-compute minute stays open: {exc}")
+            return
+        view.note(f"closed the last usable-compute minute (to {time.strftime('%H:%M:%S', time.gmtime(ts))} UTC)")
 
 
 def _last_json(stdout: bytes) -> dict | None:
@@ -259,20 +281,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary(result: dict, args: argparse.Namespace) -> list[str]:
-    """What the run did, in a dozen lines: published and stored, the figures, the newest events."""
+    """What the run did, in a dozen lines: published and stored, its outcomes as `fleetpulse report` gives them, the
+    newest events."""
     sim, final = result.get("simulator") or {}, result.get("final") or {}
-    uc = final.get("usable_compute")
     rows = final.get("rows") or {}
     out = [f"fleetpulse up: {sim.get('scenario', args.scenario)}, {args.hosts} hosts, {sim.get('ticks', '?')} ticks "
-           f"published ({sim.get('gpu_readings', 0):,} GPU readings); {rows.get('gpu_samples', 0):,} GPU rows stored",
-           f"usable compute {'-' if uc is None else f'{uc:.1%}'} · alerts firing {final.get('alerts_firing') or 0} · "
-           f"faults {final.get('faults') or 0} · drains {final.get('drains') or 0} · returned "
-           f"{final.get('returns') or 0} · stragglers {final.get('stragglers') or 0} · bot answers "
-           f"{result.get('bot_answers', 0)}",
-           f"store: {final.get('store') or '-'} · dead letters {final.get('dead_letters', 0)}"]
+           f"published ({sim.get('gpu_readings', 0):,} GPU readings); {rows.get('gpu_samples', 0):,} GPU rows stored"]
+    if (got := result.get("outcomes")) is not None:
+        u, d, st = got["usable_compute"], got["drains"], got["stragglers"]
+        out += [f"usable compute {report.percent(u['gpu_weighted'])} over {u['minutes']} minutes · interruptions "
+                f"{got['interruptions']['total']} · drains {d['requested']} · returned {d['returned']} · "
+                f"straggler job-seconds lost {st['job_seconds_lost']} · pages {got['alerts']['pages']}",
+                *(f"note: {n}" for n in got["notes"])]
+    out += [f"alerts firing at the end {final.get('alerts_firing') or 0} · bot answers {result.get('bot_answers', 0)} "
+            f"· store: {final.get('store') or '-'} · dead letters {final.get('dead_letters', 0)}"]
     events = final.get("events") or []
     if events:
-        out += ["newest events:"] + [f"  {e}" for e in events[:8]]
+        out += ["newest events:"] + [f"  {e}" for e in events[:6]]
     if result.get("screenshot"):
         out.append(f"page screenshot: {result['screenshot'].get('path')}")
+    out.append("the same figures, in full: fleetpulse report")
     return out

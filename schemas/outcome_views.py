@@ -24,11 +24,31 @@ FROM (
 )
 GROUP BY day"""
 
+# Faults on one host that begin within INCIDENT_GAP_S of the one before are one interruption: a GPU that falls off
+# the bus logs Xid 79, Xid 154 (its recovery action) and a lost GPU; a GSP timeout logs Xid 119 and Xid 154. The
+# interruption takes its code, bin and rule from the fault that leads it: the first that is neither binned ignore nor
+# an echo of another Xid (Xid 45, Xid 154).
+INCIDENT_GAP_S = 60
+FOLLOWER_RULES = ("workflow_45", "workflow_154")
+
 INTERRUPTIONS = """SELECT
-    fault_id, min(first_ts) AS ts, any(host) AS host, any(rack) AS rack, any(gpu_index) AS gpu_index,
-    any(code) AS code, any(bin) AS bin, any(rule) AS rule, max(count) AS occurrences
-FROM {db}.faults
-GROUP BY fault_id"""
+    host, incident, min(started) AS ts, any(f_rack) AS rack,
+    argMin(f_id, (lead, started)) AS fault_id, argMin(f_gpu, (lead, started)) AS gpu_index,
+    argMin(f_code, (lead, started)) AS code, argMin(f_bin, (lead, started)) AS bin,
+    argMin(f_rule, (lead, started)) AS rule, arraySort(groupUniqArray(f_code)) AS codes,
+    groupUniqArray(f_id) AS fault_ids, count() AS faults, sum(f_count) AS occurrences
+FROM (
+    SELECT *, sum(starts) OVER (PARTITION BY host ORDER BY started, f_id ROWS UNBOUNDED PRECEDING) AS incident
+    FROM (
+        SELECT *, toFloat64(started) - lagInFrame(toFloat64(started), 1, 0.) OVER (PARTITION BY host
+                  ORDER BY started, f_id ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) > {gap} AS starts
+        FROM (SELECT fault_id AS f_id, min(first_ts) AS started, any(host) AS host, any(rack) AS f_rack,
+                     any(gpu_index) AS f_gpu, any(code) AS f_code, any(bin) AS f_bin, any(rule) AS f_rule,
+                     max(count) AS f_count, (f_bin = 'ignore') * 2 + (f_rule IN {followers}) AS lead
+              FROM {db}.faults GROUP BY fault_id)
+    )
+)
+GROUP BY host, incident"""
 
 NODE_EPISODES = """SELECT
     host, episode,
@@ -65,5 +85,6 @@ OUTCOME_VIEWS: dict[str, str] = {
 
 
 def create_outcome_views(layout: Layout) -> list[str]:
-    return [f"CREATE OR REPLACE VIEW {layout.database}.{name}{layout.on} AS\n{sql.format(db=layout.database)}"
+    return [f"CREATE OR REPLACE VIEW {layout.database}.{name}{layout.on} AS\n"
+            f"{sql.format(db=layout.database, gap=INCIDENT_GAP_S, followers=FOLLOWER_RULES)}"
             for name, sql in OUTCOME_VIEWS.items()]

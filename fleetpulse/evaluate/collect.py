@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fleetpulse import outcomes
 from fleetpulse.evaluate import score
 from fleetpulse.evaluate.bot import REPAIR_KINDS
 from core.clickhouse import connect
@@ -119,4 +120,12 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
         "alerts": score.alert_counts(got["alerts"], run),
         "remediation": {"answered": dict(ev.bot.answered), "unanswered_at_end": ev.bot.waiting},
         "usable_compute": score.usable_compute(got["usable_compute"], truth, run),
+        # what `fleetpulse report` prints over the run's database: the figures every view of a run shares
+        "outcomes": run_outcomes(sink.settings),
     }
+
+
+def run_outcomes(settings: SinkSettings) -> dict:
+    """What `fleetpulse report` prints over the run's database (its default range: the whole run)."""
+    ask = outcomes.asker(settings)
+    return outcomes.figures(ask, outcomes.resolve(ask, None, None))

@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.publisher import Publisher
 from agents.simulator.runner import FleetSimulator
 from agents.simulator.scenario import Scenario
+from fleetpulse import breaker_cli
 from fleetpulse.broker import ensure_broker, local_broker
 from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
 from core.errors import FleetpulseError
@@ -163,7 +164,7 @@ class Evaluation:
         try:
             sim = await self._publish(watch, stream_inputs)
             self.timings["publish_wall_s"] = round(time.monotonic() - wall0, 1)
-            await self._settle(watch, stream_inputs, sink_settings.sink_group_id)
+            await self._settle(watch, stream_inputs, sink_settings.sink_group_id, sim["end_ts"])
         finally:
             drains.cancel()
             if self.worker is not None:
@@ -276,11 +277,14 @@ class Evaluation:
         finally:
             await consumer.stop()
 
-    async def _settle(self, watch: OffsetWatch, stream_inputs: list[tuple[str, list[str]]], sink_group: str) -> None:
-        """After the last tick: the worker consumes everything, its outputs go quiet, the sink stores all of it."""
+    async def _settle(self, watch: OffsetWatch, stream_inputs: list[tuple[str, list[str]]], sink_group: str,
+                      last_ts: float) -> None:
+        """After the last tick: the worker consumes everything, the fleet step is told the fleet's clock stopped at
+        `last_ts` (it reports the last minute, as `up` has it at its end), its outputs go quiet, the sink stores all
+        of it."""
         s, deadline = self.settings, time.monotonic() + self.plan.settle_s
         outputs = [t.full(s.topic_prefix) for t in TOPICS.values()]
-        quiet_since, last_ends = time.monotonic(), None
+        quiet_since, last_ends, closed = time.monotonic(), None, False
         while time.monotonic() < deadline:
             lag = await watch.groups_lag(stream_inputs)
             ends = {tp.topic: o for tp, o in (await watch.end_offsets()).items() if tp.topic in outputs}
@@ -288,7 +292,13 @@ class Evaluation:
                 quiet_since, last_ends = time.monotonic(), ends
             self.progress.say(f"settling: worker {lag} records behind, outputs quiet for "
                               f"{time.monotonic() - quiet_since:.0f} s")
-            if lag == 0 and time.monotonic() - quiet_since >= 5.0:
+            if lag == 0 and not closed:
+                try:
+                    await breaker_cli.close_minutes(s, last_ts)
+                except FleetpulseError as exc:  # no lifecycle stage in this run
+                    self.progress.say(f"the last usable-compute minute stays open: {exc}", force=True)
+                closed, quiet_since = True, time.monotonic()
+            elif lag == 0 and time.monotonic() - quiet_since >= 5.0:
                 break
             await asyncio.sleep(0.5)
         else:

@@ -2,7 +2,7 @@
 // and draws it: time series with uPlot (vendored), tables, stats, bars and a host x GPU heat map.
 "use strict";
 
-const state = (window.fleetpulse = { drawn: 0, rows: {}, errors: {} });
+const state = (window.fleetpulse = { drawn: 0, rows: {}, errors: {}, range: null, outcomes: null });
 const plots = {};
 const COLORS = ["#388bfd", "#f0883e", "#3fb950", "#d29922", "#a371f7", "#ff7b72", "#39c5cf", "#db61a2",
                 "#8b949e", "#e3b341"];
@@ -35,6 +35,25 @@ function show(v, unit) {
   return String(v);
 }
 
+const TOP = 8;  // series per chart: the rest are named, never drawn unsaid
+
+// Tick labels with as many decimals as the step between ticks needs, so no two read alike.
+function ticks(unit) {
+  return (u, splits, axis, space, incr) => {
+    const scale = unit === "percentunit" ? 100 : 1;
+    const decimals = Math.max(0, Math.min(3, -Math.floor(Math.log10(Math.abs(incr * scale) || 1))));
+    return splits.map((t) => (t * scale).toFixed(decimals) + (unit === "percentunit" ? " %" : ""));
+  };
+}
+
+function timeLabels(from, to) {
+  const long = to - from > 2 * 86400 * 1000;
+  return (u, splits) => splits.map((t) => {
+    const iso = new Date(t * 1000).toISOString();
+    return long ? iso.slice(5, 10) + " " + iso.slice(11, 16) : iso.slice(11, to - from > 3 * 3600 * 1000 ? 16 : 19);
+  });
+}
+
 function timeseries(body, p, got, from, to) {
   const timeAt = got.types.findIndex(isTime);
   const labelAt = got.types.findIndex((t, i) => i !== timeAt && !isNumber(t) && !isTime(t));
@@ -50,20 +69,26 @@ function timeseries(body, p, got, from, to) {
       series.get(name)[x] = row[i] === null ? null : Number(row[i]);
     }
   }
-  const names = [...series.keys()].slice(0, 24);
+  // Per host: the ones that peaked highest are drawn, and the chart says how many of how many.
+  const peak = (n) => Math.max(...series.get(n).filter((v) => v !== null));
+  const names = [...series.keys()].sort((a, b) => (labelAt >= 0 ? peak(b) - peak(a) : 0)).slice(0, TOP);
+  const percent = p.unit === "percentunit";
   const opts = {
-    width: Math.max(body.clientWidth - 4, 200), height: 190,
-    scales: { x: { time: true, range: () => [from / 1000, to / 1000] } },  // the range asked, however few points
-    axes: [{ stroke: "#9aa6b2", grid: { stroke: "#222a33" } },
-           { stroke: "#9aa6b2", grid: { stroke: "#222a33" }, size: 70,
-             values: (u, ticks) => ticks.map((t) => show(t, p.unit)) }],
-    legend: { show: names.length <= 8 },
-    series: [{}, ...names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5,
-                                              value: (u, v) => show(v, p.unit) }))],
+    width: Math.max(body.clientWidth - 4, 200), height: 200,
+    scales: { x: { time: true, range: () => [from / 1000, to / 1000] },  // the range asked, however few points
+              // a share: 0-100 % where it is large (usable compute), else from 0 to a little over its peak
+              y: percent ? { range: (u, lo, hi) => [0, hi > 0.5 ? Math.max(1, hi) : Math.max(hi * 1.25, 0.01)] } : {} },
+    axes: [{ stroke: "#9aa6b2", grid: { stroke: "#222a33" }, space: 90, values: timeLabels(from, to) },
+           { stroke: "#9aa6b2", grid: { stroke: "#222a33" }, size: 64, space: 30, values: ticks(p.unit) }],
+    legend: { show: true, live: false },
+    series: [{ label: "UTC" }, ...names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5,
+                                                            value: (u, v) => show(v, p.unit) }))],
   };
   if (plots[p.name]) plots[p.name].destroy();
   plots[p.name] = new uPlot(opts, [xs, ...names.map((n) => series.get(n))], body);
-  if (series.size > names.length) body.append(el("div", { class: "legend" }, `${names.length} of ${series.size} series`));
+  const step = got.interval_s < 60 ? `${got.interval_s} s` : `${got.interval_s / 60} min`;
+  body.append(el("div", { class: "legend" }, `one point per ${step}` + (series.size > names.length
+    ? `; the ${names.length} highest of ${series.size} series by their peak in the range` : "")));
 }
 
 function stat(body, p, got) {
@@ -79,9 +104,11 @@ function table(body, p, got) {
   const head = el("tr", {}, ...got.columns.map((c) => el("th", {}, c)));
   const rows = got.rows.slice(0, 100).map((r) => el("tr", {}, ...r.map((v, i) => {
     const text = isTime(got.types[i]) ? String(v).slice(0, 19) : show(v, "");
-    return el("td", { title: text }, text);
+    const cut = text.length > 400 ? text.slice(0, 400) + " …" : text;  // all of it on hover
+    return el("td", { title: text, class: text.length > 40 ? "long" : "" }, cut);
   })));
   body.append(el("div", { class: "table-wrap" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows))));
+  if (got.rows.length > 100) body.append(el("div", { class: "legend" }, `the newest 100 of ${got.rows.length}`));
 }
 
 function bars(body, p, got) {
@@ -95,8 +122,10 @@ function bars(body, p, got) {
 }
 
 function heat(body, p, got) {
-  // rows: host, gpu_index, gpu_temp_c, gpu_temp_c_max, power_w, throttled_share
-  const hosts = [...new Set(got.rows.map((r) => r[0]))];
+  // rows: host, gpu_index, gpu_temp_c, gpu_temp_c_max, power_w, throttled_share; hosts hottest first, all of them
+  const hottest = new Map();
+  for (const r of got.rows) hottest.set(r[0], Math.max(hottest.get(r[0]) ?? -Infinity, Number(r[3])));
+  const hosts = [...hottest.keys()].sort((a, b) => hottest.get(b) - hottest.get(a) || (a < b ? -1 : 1));
   const gpus = Math.max(...got.rows.map((r) => Number(r[1]))) + 1;
   const grid = el("div", { class: "heat", style: `grid-template-columns: 110px repeat(${gpus}, 1fr)` });
   const cell = new Map(got.rows.map((r) => [`${r[0]}/${r[1]}`, r]));
@@ -104,7 +133,7 @@ function heat(body, p, got) {
     const f = Math.min(Math.max((t - 30) / 60, 0), 1);  // 30 C blue .. 90 C red
     return `hsl(${Math.round(220 - 220 * f)}, 70%, ${55 - 10 * f}%)`;
   };
-  for (const host of hosts.slice(0, 64)) {
+  for (const host of hosts) {
     grid.append(el("span", { class: "host" }, host));
     for (let g = 0; g < gpus; g++) {
       const r = cell.get(`${host}/${g}`);
@@ -114,12 +143,72 @@ function heat(body, p, got) {
                      : el("span", {}));
     }
   }
-  body.append(grid, el("div", { class: "legend" },
-    `hottest minute per GPU (colour: 30 °C blue to 90 °C red); hover for mean, power and throttling` +
-    (hosts.length > 64 ? `; first 64 of ${hosts.length} hosts` : "")));
+  body.append(el("div", { class: "heat-wrap" }, grid), el("div", { class: "legend" },
+    `all ${hosts.length} hosts, hottest first` + (hosts.length > 16 ? " (scroll for the rest)" : "") +
+    `; colour: hottest minute per GPU, 30 °C blue to 90 °C red; hover for mean, power and throttling`));
 }
 
-const DRAW = { timeseries, stat, table, bar: bars, heatmap: heat };
+const KINDS = { fault: "#ff7b72", "out of service": "#d29922", validating: "#a371f7", returned: "#3fb950",
+                paged: "#f0883e", straggler: "#39c5cf" };
+
+function timeline(body, p, got, from, to) {
+  // rows: lane (host), what, start_s, end_s, detail; one lane per host, marks placed on the range's time axis
+  const lo = from / 1000, hi = to / 1000;
+  const x = (t) => `${(100 * (Math.min(Math.max(t, lo), hi) - lo)) / (hi - lo)}%`;
+  const lanes = new Map();
+  for (const r of got.rows) (lanes.get(r[0]) ?? lanes.set(r[0], []).get(r[0])).push(r);
+  const box = el("div", { class: "timeline" });
+  const axis = el("div", { class: "lane axis" }, el("span", { class: "name" }, "UTC"));
+  const track = el("div", { class: "track" });
+  const fmt = timeLabels(from, to);
+  for (let k = 0; k <= 6; k++) {
+    const t = lo + ((hi - lo) * k) / 6;
+    track.append(el("span", { class: "tick", style: `left:${x(t)}` }, fmt(null, [t])[0]));
+  }
+  axis.append(track);
+  box.append(axis);
+  for (const [lane, marks] of lanes) {
+    const row = el("div", { class: "track" });
+    for (const [, what, start, end, detail] of marks) {
+      const s = Number(start), e = Number(end);
+      const iso = (t) => new Date(t * 1000).toISOString().slice(11, 19);
+      const tip = `${lane} ${what} ${iso(s)}${e > s ? "–" + iso(e) : ""}: ${detail}`;
+      const style = `left:${x(s)};background:${KINDS[what] || "#8b949e"};` +
+        (e > s ? `width:max(3px, calc(${x(e)} - ${x(s)}))` : "");
+      row.append(el("span", { class: e > s ? "span" : "point", style, title: tip }));
+    }
+    box.append(el("div", { class: "lane" }, el("span", { class: "name" }, lane), row));
+  }
+  body.append(box, el("div", { class: "legend" },
+    ...Object.entries(KINDS).map(([k, c]) => el("span", { class: "key" }, el("i", { style: `background:${c}` }), k)),
+    ` · ${lanes.size} hosts; hover a mark for its time and reason`));
+}
+
+const DRAW = { timeseries, stat, table, bar: bars, heatmap: heat, timeline };
+
+// The range's outcomes, as `fleetpulse report --from --to` prints them (one source: fleetpulse/outcomes.py).
+async function drawOutcomes(from, to) {
+  const section = document.querySelector('section[data-panel="outcomes"]');
+  const body = section.querySelector(".body");
+  try {
+    const r = await getJSON(`/api/outcomes?from=${from}&to=${to}`);
+    state.outcomes = r;
+    const u = r.usable_compute, d = r.drains;
+    const figure = (value, name) => el("div", {}, el("b", {}, value), el("span", {}, name));
+    body.replaceChildren(el("div", { class: "stat" },
+      figure(u.gpu_weighted === null ? "not known" : (u.gpu_weighted * 100).toFixed(1) + " %",
+             `usable compute (${u.minutes} min, ${u.installed_gpu_hours} GPU-h)`),
+      figure(r.interruptions.total, "interruptions"), figure(d.requested, "drains requested"),
+      figure(d.returned, "returned"), figure(d.replaced, "to replace"),
+      figure(r.stragglers.job_seconds_lost, "straggler job-seconds lost"), figure(r.alerts.pages, "pages")),
+      ...r.notes.map((n) => el("div", { class: "legend" }, "note: " + n)));
+    state.rows.outcomes = 1;
+    delete state.errors.outcomes;
+  } catch (err) {
+    state.errors.outcomes = String(err);
+    body.replaceChildren(el("div", { class: "error" }, String(err)));
+  }
+}
 
 async function drawPanel(p, from, to) {
   const section = document.querySelector(`section[data-panel="${p.name}"]`);
@@ -145,11 +234,13 @@ async function refresh(panels) {
       document.getElementById("range").textContent = "no samples stored yet";
       return;
     }
-    const to = span.last + 1000;
+    // the newest sample (or outcome: a return after the last sample) and up to 15 minutes before it
+    const to = Math.max(span.last + 1000, span.outcomes_last || 0);
     const from = Math.max(span.first, to - span.default_span_ms);
     const iso = (t) => new Date(t).toISOString().slice(0, 19).replace("T", " ");
+    state.range = { from, to };
     document.getElementById("range").textContent = `${iso(from)} to ${iso(to)} UTC`;
-    await Promise.all(panels.map((p) => drawPanel(p, from, to)));
+    await Promise.all([drawOutcomes(from, to), ...panels.map((p) => drawPanel(p, from, to))]);
     state.drawn += 1;
     document.getElementById("updated").textContent = `updated ${new Date().toISOString().slice(11, 19)} UTC`;
   } catch (err) {
@@ -160,6 +251,10 @@ async function refresh(panels) {
 async function main() {
   const panels = await getJSON("/api/panels");
   const main = document.getElementById("panels");
+  main.append(el("section", { class: "panel", "data-panel": "outcomes", style: "grid-column: span 24" },
+    el("h2", {}, "This range"), el("p", { class: "desc" }, "The figures `fleetpulse report --from --to` prints for " +
+      "the same range: usable GPU-hours of installed, one interruption per fault, drains and returns."),
+    el("div", { class: "body" })));
   for (const p of panels) {
     main.append(el("section", { class: "panel", "data-panel": p.name, style: `grid-column: span ${p.width}` },
       el("h2", {}, p.title), el("p", { class: "desc" }, p.description), el("div", { class: "body" })));

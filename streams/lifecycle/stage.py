@@ -36,7 +36,7 @@ NODES, FLEET = "nodes", "fleet"
 log = logging.getLogger("fleetpulse.streams.lifecycle")
 FLEET_KEY = b"fleet"
 HANDLERS = {"health": lc.on_health, "fault": lc.on_fault, "result": lc.on_result, "decision": lc.on_decision}
-FLEET_KINDS = ("drain", "busbw", "share", "tick", "reset")
+FLEET_KINDS = ("drain", "busbw", "share", "tick", "close", "reset")
 NUMBER, HOST = (int, float), ("host", (str,))
 SHAPES = {"decision": (("proposal_id", (str,)), ("admitted", (bool,)), ("event_id", (str,))),
           "drain": (HOST, ("proposal_id", (str,)), ("repair", (str,)), ("evidence", (dict,))),
@@ -72,7 +72,7 @@ def check_decision(value: object) -> dict:
 
 
 def check_fleet(value: object) -> dict:
-    """A record for the fleet step: share, drain proposal, busbw report, minute tick or operator reset."""
+    """A record for the fleet step: share, drain proposal, busbw report, minute tick, close or operator reset."""
     return _check(value, "fleet")
 
 
@@ -145,9 +145,11 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
     for r in records:
         rec, kind = r.value, r.value["kind"]
         # The minute clock runs on event time, minute_lateness_s behind the newest record; an operator's reset
-        # carries wall time, so it does not move it.
+        # carries wall time, so it does not move it; a close (the fleet's clock stopped: `up` at its end) reports
+        # every minute before its ts at once.
         due, last = ([], None) if kind == "reset" else \
-            minutes_due(state.get(FLEET, "minute"), float(rec["ts"]), lateness_s=cfg.node.minute_lateness_s)
+            minutes_due(state.get(FLEET, "minute"), float(rec["ts"]),
+                        lateness_s=0.0 if kind == "close" else cfg.node.minute_lateness_s)
         for m in due:
             _fold(state, (m + 1) * 60.0)
             shares = state.scan(FLEET, "share:")

@@ -33,10 +33,18 @@ async def test_a_named_panel_answers_its_rows_for_the_range(client):
     assert [p["name"] for p in listed] == [p.name for p in PANELS] and "sql" not in listed[0]
 
 
-async def test_the_bucket_grows_with_the_range_in_whole_minutes(client):
-    hour = await (await client.get("/api/panel/utilisation?from=0&to=3600000")).json()
-    week = await (await client.get(f"/api/panel/utilisation?from=0&to={7 * 86400 * 1000}")).json()
-    assert hour["interval_s"] == 60 and week["interval_s"] == 2520  # 240 buckets at most
+async def test_the_bucket_follows_the_range_and_a_demo_s_minutes_read_from_the_raw_rows(client):
+    lo = int(START * 1000)
+    for span_s, step in ((180, 10), (3600, 15), (86400, 600), (7 * 86400, 3600), (90 * 86400, 43200),
+                          (365 * 86400, 2 * 86400)):
+        got = await (await client.get(f"/api/panel/utilisation?from={lo}&to={lo + span_s * 1000}")).json()
+        assert got["interval_s"] == step and span_s / step <= page.MAX_POINTS
+    # three minutes of samples every 10 s, both ends in (as Grafana filters): 19 points, not the rollup's three
+    demo = await (await client.get(f"/api/panel/gpu_temperature?from={lo}&to={lo + 180_000}")).json()
+    assert len({row[0] for row in demo["rows"]}) == 19 and {row[1] for row in demo["rows"]} == \
+        {f"gpu-node-{k:04d}" for k in range(4)}
+    hour = await (await client.get(f"/api/panel/gpu_temperature?from={lo}&to={lo + 7200_000}")).json()
+    assert hour["interval_s"] == 30 and len({row[0] for row in hour["rows"]}) == 7  # the same samples, 30 s buckets
 
 
 @pytest.mark.parametrize("path, status", [

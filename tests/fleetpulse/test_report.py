@@ -29,8 +29,8 @@ def state(host, to, prev, at, fault_id=None) -> dict:
             "reason": "test", "evidence": {"fault_id": fault_id} if fault_id else {}}
 
 
-def fault(fault_id, host, code, bin_, at) -> dict:
-    return {"fault_id": fault_id, "ts": at, "host": host, "code": code, "bin": bin_, "rule": "catalog",
+def fault(fault_id, host, code, bin_, at, rule="catalog") -> dict:
+    return {"fault_id": fault_id, "ts": at, "host": host, "code": code, "bin": bin_, "rule": rule,
             "first_ts": at, "last_ts": at}
 
 
@@ -46,7 +46,9 @@ def filled(clickhouse_url, clickhouse_database):
                for k in range(120)]
     put(client, "usable_compute", minutes + minutes[:5])  # five minutes delivered twice
     f1 = fault("f1", "h1", "xid:79", "reboot", D + 10 * M)
-    put(client, "faults", [f1, f1, fault("f2", "h2", "xid:48", "reset", D + 20 * M),
+    # h1's fault logged Xid 79 then Xid 154 (its recovery action): one interruption, led by Xid 79
+    echo = fault("f1b", "h1", "xid:154", "reboot", D + 10 * M + 4, "workflow_154")
+    put(client, "faults", [echo, f1, f1, fault("f2", "h2", "xid:48", "reset", D + 20 * M),
                            fault("f3", "h3", "xid:13", "ignore", D + 30 * M)])
     put(client, "node_states", [
         state("h1", "drain_requested", "healthy", D + 10.5 * M, "f1"),
@@ -105,7 +107,8 @@ def test_every_figure_over_two_hours(filled):
     s = r["stragglers"]
     assert (s["windows_flagged"], s["jobs"], s["hosts"], s["job_seconds_lost"]) == (1, 1, ["h1"], 6.0)
     text = report.render(r)
-    assert "usable compute      0.95" in text and "h1: 1 of 1" in text
+    assert "usable compute      95.0 % of installed GPU-hours (0.95;" in text and "h1: 1 of 1" in text
+    assert r["notes"] == ["alert rates per 1,000 GPU-days are extrapolated from 6.67 GPU-days (x150): read the counts"]
     assert f"h2: sent to replace at {D + 90 * M:.0f}, drain 3 for reset" in text
 
 
@@ -142,5 +145,35 @@ def test_the_command_prints_json_or_a_table_and_refuses_a_bad_time(filled, monke
     assert orjson.loads(capsys.readouterr().out)["drains"]["requested"] == 4
     assert report.run(argparse.Namespace(start="2026-11-30", end=None, json=False)) == 0
     assert "interruptions       2 in" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="not an ISO date or time: 'yesterday'"):
+    with pytest.raises(SystemExit, match="--from 'yesterday' is not an ISO date or time"):
         report.run(argparse.Namespace(start="yesterday", end=None, json=False))
+    with pytest.raises(SystemExit, match="--to 2026-11-29 is not after --from 2026-11-30: give --from first"):
+        report.run(argparse.Namespace(start="2026-11-30", end="2026-11-29", json=False))
+
+
+def test_a_range_with_events_but_no_minute_yet_says_so(filled):
+    """Early in a run: the drain's minute is not over yet, so usable compute is not known, but the fault, the drain
+    and the return are counted (the range is not collapsed to an instant)."""
+    at = datetime.fromtimestamp(D + 10 * M + 1, timezone.utc)  # inside minute 10: no minute starts after it
+    r = report.build(filled, at, datetime.fromtimestamp(D + 10 * M + 59, timezone.utc))
+    assert r["usable_compute"]["minutes"] == 1  # the minute holding the range's start overlaps it
+    r = report.build(filled, datetime.fromtimestamp(D + 200 * M, timezone.utc),
+                     datetime.fromtimestamp(D + 300 * M, timezone.utc))
+    assert r["usable_compute"]["gpu_weighted"] is None
+    assert r["notes"][0].startswith("nothing is stored in this range; the store holds 2026-11-30 00:00:00 to")
+    text = report.render(r)
+    assert "usable compute      not known" in text and "note: nothing is stored in this range" in text
+
+
+def test_figures_of_a_range_without_minutes_but_with_a_drain(filled):
+    from fleetpulse import outcomes
+
+    ask = outcomes.asker(filled)
+    client = connect(filled, "owner")
+    client.command(f"TRUNCATE TABLE {filled.clickhouse_database}.usable_compute")
+    r = outcomes.figures(ask, outcomes.resolve(ask, None, None))
+    assert r["from"].startswith("2026-11-30T00:05:00")  # the first alert, not an instant at the end
+    assert (r["interruptions"]["total"], r["drains"]["requested"], r["drains"]["returned"]) == (2, 4, 2)
+    assert r["notes"][0].startswith("no usable-compute minute in this range yet")
+    with pytest.raises(outcomes.RangeError, match="give --from before --to"):
+        outcomes.Range(datetime.fromtimestamp(D + M, timezone.utc), datetime.fromtimestamp(D, timezone.utc))

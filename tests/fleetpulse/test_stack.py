@@ -104,13 +104,37 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(tmp_path, reque
     rows, text = page["rows"], page["text"]
     from fleetpulse.panels import PANELS
 
-    assert set(rows) == {p.name for p in PANELS} and all(n > 0 for n in rows.values()), rows
+    assert set(rows) == {p.name for p in PANELS} | {"outcomes"} and all(n > 0 for n in rows.values()), rows
     assert rows["drains"] == int(ask("SELECT uniqExact(event_id) FROM drain_events")) == 4
     assert rows["gpu_heatmap"] == 64 and rows["alerts"] == int(ask("SELECT uniqExact(fingerprint, starts_at) "
                                                                    "FROM alerts"))
     assert "gpu-node-0001" in text["drains"] and "validation passed" in text["drains"]
     assert "closed" in text["breaker"] and "job-0000" in text["stragglers"] and "gpu-node-0004" in text["stragglers"]
     assert "GpuTempSlowdown" in text["alerts"] and "119" in text["top_xids"]
+    # the incident timeline shows the drain, the thermal page and the straggler as marks on the run's time axis
+    assert "gpu-node-0001" in text["incidents"] and "gpu-node-0004" in text["incidents"]
+
+    # One source for every figure: `up`'s summary, `fleetpulse report` after it and the page over its range agree.
+    def report(*flags: str) -> dict:
+        done = subprocess.run(cli + ["report", "--json", *flags], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    def figures(r: dict) -> tuple:
+        return (r["usable_compute"]["gpu_weighted"], r["usable_compute"]["minutes"], r["interruptions"]["total"],
+                r["drains"]["requested"], r["drains"]["returned"], r["stragglers"]["job_seconds_lost"],
+                r["alerts"]["pages"])
+
+    ours, shown = report(), page["outcomes"]
+    iso = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t / 1000)) + f".{t % 1000:03d}"
+           for t in (page["range"]["from"], page["range"]["to"])]
+    assert figures(result["outcomes"]) == figures(ours), (result["outcomes"], ours)
+    ranged = report("--from", iso[0], "--to", iso[1])
+    assert figures(shown) == figures(ranged) == figures(ours), json.dumps([shown, ranged, ours])
+    usable, minutes, interruptions, drains, returned, _, _ = figures(ours)
+    assert (interruptions, drains, returned) == (1, 1, 1)  # Xid 119 with its Xid 154: one interruption
+    assert minutes >= 3 and 0.9 < usable < 1.0  # the drained node's minutes are in, the last one too (closed at stop)
+    assert f"{usable * 100:.1f} %" in text["outcomes"] and f"{usable * 100:.1f} %" in up_summary(result)
 
     # A second run starts from zero: the first one's broker data, rows and logs are removed before it starts (its
     # summary of a screen on stdout, the whole result in a file).
@@ -125,6 +149,14 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(tmp_path, reque
     lines = again.stdout.splitlines()
     assert lines[0].startswith("fleetpulse up: baseline, 4 hosts, 20 ticks published (640 GPU readings); 640 GPU rows")
     assert len(lines) <= 15 and lines[-1].startswith(f"whole result: {tmp_path / 'data' / 'up.json'}")
+
+
+def up_summary(result: dict) -> str:
+    import argparse
+
+    from fleetpulse.stack import summary
+
+    return "\n".join(summary(result, argparse.Namespace(scenario="demo", hosts=8)))
 
 
 def test_up_plays_the_demo_by_default_and_baseline_injects_nothing():

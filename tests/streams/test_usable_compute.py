@@ -145,3 +145,13 @@ def test_a_change_later_than_the_lateness_counts_from_the_next_report():
         (m, u) for m, _, u in _minutes(rest[:after + 1] + [h2_out] + rest[after + 1:]))
     assert (in_order[6_240.0], in_order[6_300.0]) == (16.0, 16.0)  # h2 out at 6,250
     assert (late[6_240.0], late[6_300.0]) == (24.0, 16.0)  # it came 180 s late: missed its minute, not the next
+
+
+def test_a_close_reports_every_minute_up_to_the_last_at_once_and_nothing_twice():
+    """`up` and `evaluate` send a close when the fleet's clock stops: the minutes the lateness still held back
+    (6,660 to 6,780 here, the last record at 6,830) are reported then, not when a next run's records arrive."""
+    closed = _minutes([*EVENTS, {"kind": "close", "ts": 6_840.0}])
+    assert closed[:11] == _minutes(EVENTS) and [m for m, _, _ in closed[11:]] == [6_660.0, 6_720.0, 6_780.0]
+    again = _minutes([*EVENTS, {"kind": "close", "ts": 6_840.0}, {"kind": "close", "ts": 6_840.0},
+                      {"kind": "tick", "ts": 6_850.0}])
+    assert again == closed  # a close sent twice, and records after it, report no minute again
