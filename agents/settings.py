@@ -25,8 +25,8 @@ class AgentSettings(CommonSettings):
     """Labels, collectors and their cadence, the metrics port and the spool; the rest is shared with every process."""
 
     agent_host: str = Field(default_factory=socket.gethostname, min_length=1, description="host label")
-    agent_rack: str = ""
-    agent_cluster: str = ""
+    agent_rack: str = Field(default="", description="this host's rack (records carry it; rack budgets use it)")
+    agent_cluster: str = Field(default="", description="this host's cluster name, carried by every record")
     agent_job: str | None = Field(default=None, description="job label on samples (e.g. from the scheduler)")
     agent_collectors: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_COLLECTORS), description=f"comma-separated, of {COLLECTOR_NAMES}")
@@ -36,16 +36,19 @@ class AgentSettings(CommonSettings):
     agent_status_every_s: float = Field(default=60.0, gt=0, le=3600,
                                         description="seconds between agent status records while nothing changes")
     agent_metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="empty or off: none")
-    agent_metrics_addr: str = "0.0.0.0"
-    agent_dcgm_url: str = "http://localhost:9400/metrics"
+    agent_metrics_addr: str = Field(default="0.0.0.0", description="address the agent's /metrics listens on")
+    agent_dcgm_url: str = Field(default="http://localhost:9400/metrics",
+                                description="dcgm-exporter's /metrics (the dcgm source)")
     agent_kernel_log: str = Field(default="auto", description="auto, kmsg, journald, or a log file path")
     agent_nccl_dump_dir: Path | None = Field(default=None, description="NCCL Inspector dump directory")
     agent_infiniband_root: Path = Field(default=Path("/sys/class/infiniband"),
                                         description="where the infiniband collector reads RDMA ports (sysfs)")
     agent_spool_dir: Path | None = Field(default=None, description="default: <data_dir>/spool")
-    agent_spool_max_bytes: int = Field(default=256 << 20, ge=1 << 16)
-    agent_spool_fsync: Literal["always", "interval", "never"] = "interval"
-    agent_spool_fsync_interval_s: float = Field(default=1.0, gt=0)
+    agent_spool_max_bytes: int = Field(default=256 << 20, ge=1 << 16,
+                                       description="the spool of records the broker has not acknowledged, at most")
+    agent_spool_fsync: Literal["always", "interval", "never"] = Field(
+        default="interval", description="when the spool is flushed to disk: always, interval or never")
+    agent_spool_fsync_interval_s: float = Field(default=1.0, gt=0, description="seconds between flushes (interval)")
     agent_stall_after_s: float = Field(default=5.0, gt=0, description="unacknowledged this long = broker away")
     agent_shutdown_timeout_s: float = Field(default=10.0, ge=0, description="delivery attempts at shutdown")
 

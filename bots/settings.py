@@ -20,8 +20,9 @@ class BotSettings(CommonSettings):
                                      "fleetpulse-bot-<kind>-<the scheduler's cluster name or id>")
     bot_ledger: Path | None = Field(default=None, description="the bot's durable record of events and actions; "
                                                               "default <data_dir>/bot/<kind>-ledger.jsonl")
-    bot_slurm: SlurmBotConfig = Field(default_factory=SlurmBotConfig)
-    bot_kubernetes: KubernetesBotConfig = Field(default_factory=KubernetesBotConfig)
+    bot_slurm: SlurmBotConfig = Field(default_factory=SlurmBotConfig, description="the Slurm bot, as JSON")
+    bot_kubernetes: KubernetesBotConfig = Field(default_factory=KubernetesBotConfig,
+                                                description="the Kubernetes bot, as JSON")
 
     @staticmethod
     def group_id(kind: str, cluster: str) -> str:

@@ -25,14 +25,15 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
         description="existing Kafka cluster; unset = the project's local broker",
     )
-    kafka_security_protocol: str = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
+    kafka_security_protocol: str = Field(default="PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
+    kafka_sasl_mechanism: str | None = Field(default=None, description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 with SASL")
+    kafka_sasl_username: str | None = Field(default=None, description="SASL user")
+    kafka_sasl_password: SecretStr | None = Field(default=None, description="SASL password (never logged)")
     kafka_ssl_cafile: Path | None = Field(default=None, description="CA bundle for SSL/SASL_SSL (default: system CAs)")
     kafka_ssl_certfile: Path | None = Field(default=None, description="client certificate for mutual TLS")
-    kafka_ssl_keyfile: Path | None = None
-    local_kafka_port: int = Field(default=19092, ge=1024, le=65535)
+    kafka_ssl_keyfile: Path | None = Field(default=None, description="the client certificate's private key")
+    local_kafka_port: int = Field(default=19092, ge=1024, le=65535, description="the local broker's client port; "
+                                  "its controller takes the next one")
     local_kafka_nodes: int = Field(default=1, ge=1, le=5, description="the local broker: 1 node, or a KRaft cluster of "
                                    "this many nodes on loopback (node k listens on local_kafka_port + 2k)")
     kafka_replication: int | None = Field(default=None, ge=1, le=5, description="replicas of every topic fleetpulse "
@@ -51,12 +52,12 @@ class CommonSettings(BaseSettings):
     # (fleetpulse_<role>, passwords made at its first start under data_dir/clickhouse/passwords/); on another server
     # the URL's own user for every role.
     clickhouse_writer_user: str | None = Field(default=None, min_length=1, description="the sink's inserts")
-    clickhouse_writer_password: SecretStr | None = None
+    clickhouse_writer_password: SecretStr | None = Field(default=None, description="the writer's password")
     clickhouse_owner_user: str | None = Field(default=None, min_length=1, description="DDL and migrations")
-    clickhouse_owner_password: SecretStr | None = None
+    clickhouse_owner_password: SecretStr | None = Field(default=None, description="the owner's password")
     clickhouse_analyst_user: str | None = Field(default=None, min_length=1,
                                                 description="read-only: query, report, page, Grafana")
-    clickhouse_analyst_password: SecretStr | None = None
+    clickhouse_analyst_password: SecretStr | None = Field(default=None, description="the analyst's password")
     clickhouse_database: str = Field(
         default="fleetpulse", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="the database of every table (not `default`: the local server's engine, clickhouse-local, makes "

@@ -20,7 +20,8 @@ from streams.lifecycle.usable_compute import known_nodes
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["status", "reset"])
+    p.add_argument("action", choices=["status", "reset"], help="status: open or closed and why; reset: close it "
+                   "after a trip (recorded with --by and --note)")
     p.add_argument("--by", default=None, help="who resets (recorded, and named in the resolved alert); default: you")
     p.add_argument("--note", default="", help="why it is safe to drain again")
     p.add_argument("--wait", type=float, default=30.0,

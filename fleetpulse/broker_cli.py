@@ -10,7 +10,8 @@ from core.settings import CommonSettings, load
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["start", "stop", "status", "jars"])
+    p.add_argument("action", choices=["start", "stop", "status", "jars"],
+                   help="start or stop the local broker, say whether it runs, or fetch its jars only")
     p.add_argument("--timeout", type=float, default=120, help="seconds to wait for readiness / shutdown")
 
 

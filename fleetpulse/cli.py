@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "xid": ("agents.xid_cli", "parse XID/SXid kernel-log lines, or classify one code with the catalog"),
     "streams": ("streams.cli", "run a faust stream worker"),
     "evaluate": ("fleetpulse.evaluate.cli", "run a scenario through the real pipeline and score it against truth"),
-    "bot": ("bots.cli", "run a remediation bot: act on drain events through a scheduler (Slurm)"),
+    "bot": ("bots.cli", "run a remediation bot: act on drain events through a scheduler (Slurm or Kubernetes)"),
     "breaker": ("fleetpulse.breaker_cli", "show the fleet-wide drain breaker, or reset it after a trip"),
     "sink": ("sinks.cli", "run the ClickHouse sink"),
     "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),
@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grafana": ("fleetpulse.grafana", "write Grafana provisioning: the ClickHouse data source and the fleet dashboard"),
     "ddl": ("schemas.cli_ddl", "print the ClickHouse DDL generated from the schemas"),
     "schemas": ("schemas.cli_export", "export JSON Schema for every topic"),
+    "reference": ("fleetpulse.reference", "write docs/settings.md and docs/commands.md from the code"),
 }
 
 

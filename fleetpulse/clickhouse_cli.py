@@ -11,7 +11,8 @@ from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("action", choices=["start", "stop", "status"],
+                   help="start or stop the local ClickHouse server, or say whether it runs (exit 1: not running)")
     p.add_argument("--timeout", type=float, default=60, help="seconds to wait for readiness / shutdown")
 
 

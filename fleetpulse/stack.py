@@ -34,7 +34,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=100, help="simulated hosts (8 GPUs each)")
     p.add_argument("--duration", type=float, default=None,
                    help="simulated seconds (default: the scenario's, demo 180 s); 0 = until Ctrl-C")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the simulated fleet (equal seeds, equal runs)")
     p.add_argument("--scenario", default="demo",
                    help="scenario name or file: the faults to inject and the bot's delays (default %(default)s; "
                         "baseline = nothing happens)")

@@ -23,7 +23,7 @@ def json_schemas() -> dict[str, dict]:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["export"])
+    p.add_argument("action", choices=["export"], help="every topic's JSON Schema, on stdout or as files (--out)")
     p.add_argument("--out", type=Path, help="write one <topic>.schema.json per topic here (default: stdout)")
 
 

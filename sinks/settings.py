@@ -12,10 +12,10 @@ from core.settings import CommonSettings
 class SinkSettings(CommonSettings):
     """FLEETPULSE_SINK_* tune batching, waiting and the sink's endpoint; the rest is shared with every process."""
 
-    sink_group_id: str = Field(default="fleetpulse-sink", min_length=1)
-    sink_batch_max_rows: int = Field(default=50_000, ge=1, le=1_000_000)
-    sink_batch_max_seconds: float = Field(default=1.0, gt=0, le=60)
-    sink_fetch_max_records: int = Field(default=5_000, ge=1)
+    sink_group_id: str = Field(default="fleetpulse-sink", min_length=1, description="the sink's consumer group")
+    sink_batch_max_rows: int = Field(default=50_000, ge=1, le=1_000_000, description="rows per insert at most")
+    sink_batch_max_seconds: float = Field(default=1.0, gt=0, le=60, description="longest wait to fill a batch")
+    sink_fetch_max_records: int = Field(default=5_000, ge=1, description="records per fetch from the broker")
     sink_tables: list[str] | None = Field(default=None, description="tables to feed; default all")
     sink_wait_max_s: float = Field(
         default=5.0, ge=0.2, le=300, description="longest pause between two tries while the store is away, busy, "

@@ -28,7 +28,7 @@ class StreamsSettings(CommonSettings):
     streams_web_port: int | None = Field(default=None, ge=1024, le=65535, description="faust web; unset = off")
     streams_metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus /metrics of the "
                                              "worker's stages (e.g. 9465); unset = off, 0 = any free port")
-    streams_metrics_addr: str = "0.0.0.0"
+    streams_metrics_addr: str = Field(default="0.0.0.0", description="address the worker's /metrics listens on")
     streams_session_timeout_s: float = Field(default=15.0, ge=6, le=300, description="how soon the consumer group "
                                              "drops a worker that died without leaving, so its restart (or another "
                                              "worker) takes its partitions over; above any batch's processing time")
