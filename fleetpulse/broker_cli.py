@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fleetpulse.broker import ensure_broker, local_broker
+from fleetpulse.broker import ensure_broker, fetch_jars, local_broker
 from core.settings import CommonSettings, load
 
 
@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load(CommonSettings)
     broker = local_broker(settings)
     if args.action == "jars":
-        print(broker.ensure_jars())
+        print(fetch_jars())
     elif args.action == "start":
         print(ensure_broker(settings, timeout=args.timeout))
     elif args.action == "stop":

@@ -33,14 +33,14 @@ SELECT
       WHERE ts > now_ts - INTERVAL 10 SECOND AND (host, toNullable(gpu_index)) NOT IN (SELECT host, gpu_index FROM firing)) AS usable,
     (SELECT count() FROM usable_compute) AS lifecycle_minutes,
     (SELECT toInt64(round(argMax(usable_compute, minute_ts) * 1e6)) FROM usable_compute) AS lifecycle_usable_ppm,
-    (SELECT uniqExact(fault_id) FROM faults) AS faults,
+    (SELECT count() FROM interruptions WHERE bin != 'ignore') AS interruptions,  -- as the report counts them
     (SELECT uniqExact(event_id) FROM drain_events WHERE action = 'drain') AS drains,
     (SELECT count() FROM (SELECT DISTINCT host, since FROM node_states
                           WHERE state = 'healthy' AND prev_state = 'validating')) AS returns,
     (SELECT uniqExact(job, rank) FROM stragglers WHERE flagged) AS stragglers
 """
 FACT_NAMES = ("alert_messages", "firing", "installed", "usable", "lifecycle_minutes", "lifecycle_usable_ppm",
-              "faults", "drains", "returns", "stragglers")
+              "interruptions", "drains", "returns", "stragglers")
 # What happened, newest first: alerts fired, faults found, stragglers flagged, node state changes, bot requests.
 EVENTS_SQL = """
 SELECT toUnixTimestamp64Milli(ts) AS at, line FROM (
@@ -159,7 +159,7 @@ class StackView:
             "dead_letters": sum(t["dead_letters"] for t in tables.values()),
             "store": _store_line(sink.get("store") or {}, facts.get("error")),
             "alerts_firing": facts.get("firing"), "usable_compute": usable, "installed_gpus": installed,
-            **{k: facts.get(k) for k in ("faults", "drains", "returns", "stragglers")},
+            **{k: facts.get(k) for k in ("interruptions", "drains", "returns", "stragglers")},
             "events": facts.get("events") or self.last.get("events") or [],
         }
         if self.live is not None:
@@ -170,7 +170,7 @@ class StackView:
             uc = self.last["usable_compute"]
             self.console.print(
                 f"[{self.message}] samples/s={rates.get(next(iter(ends), ''), 0):.0f} gpu_samples={rows} "
-                f"alerts_firing={self.last['alerts_firing']} faults={self.last['faults']} "
+                f"alerts_firing={self.last['alerts_firing']} interruptions={self.last['interruptions']} "
                 f"drains={self.last['drains']} returned={self.last['returns']} stragglers={self.last['stragglers']} "
                 f"usable_compute={'n/a' if uc is None else f'{uc:.1%}'} store: {self.last['store']}"
             )
@@ -193,7 +193,7 @@ class StackView:
         out += wrap("msg/s   ", moving, width, 2) + wrap("stored  ", stored, width, 3)
         out += [f"usable compute {'-' if uc is None else f'{uc:.1%}'} of {last.get('installed_gpus', 0)} GPUs · "
                 f"alerts firing {last.get('alerts_firing') or 0} · dead letters {last.get('dead_letters', 0)}",
-                f"faults {last.get('faults') or 0} · drains {last.get('drains') or 0} · returned "
+                f"interruptions {last.get('interruptions') or 0} · drains {last.get('drains') or 0} · returned "
                 f"{last.get('returns') or 0} · stragglers {last.get('stragglers') or 0}",
                 f"store: {last.get('store') or '-'}"]
         room = height - len(out) - 1

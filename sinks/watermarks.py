@@ -66,7 +66,7 @@ async def reset_recreated(sink: ClickHouseSink, assigned, marks: dict[tuple[str,
     (a topic deleted and made again, a wiped broker, a store moved to another cluster): its offsets began again, and
     skipping them as replays would lose every record. Its watermark goes (the reset is recorded in sink_topic_resets,
     with a warning) and the topic's insert tokens take a new epoch. A recreated topic that has already grown past the
-    old watermark cannot be told apart by offsets (README, "The sink")."""
+    old watermark cannot be told apart by offsets (docs/architecture.md, the sink)."""
     held = [tp for tp in assigned if (tp.topic, tp.partition) in marks]
     if not held:
         return

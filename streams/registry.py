@@ -14,7 +14,8 @@ from streams.silence import stage as silence
 from streams.runtime.spec import StageSpec
 
 
-# Every stage is a StageSpec on the stream runtime (streams/runtime/): one package, one line here.
+# Every stage is a StageSpec on the stream runtime (streams/runtime/): its package, its line here, its settings field
+# and its place in .importlinter (docs/architecture.md, adding a stage).
 _STAGES: list[StageSpec] = [
     power_thermal.STAGE,
     fault_bins.STAGE,

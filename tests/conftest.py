@@ -28,6 +28,18 @@ def _docker_available() -> bool:
         return False
 
 
+def require_system(what: str, packages: str, *alternatives: str) -> None:
+    """A test that needs a system program (one of `alternatives`) the Python install cannot bring: skipped with the
+    line that installs it where it is missing, or failed under CI (FLEETPULSE_TEST_REQUIRE_ALL=1, .ci/run), which
+    installs everything and must run every test."""
+    if any(shutil.which(name) for name in alternatives):
+        return
+    message = f"{what} needs {alternatives[0]}: sudo apt-get update && sudo apt-get install -y {packages}"
+    if os.environ.get("FLEETPULSE_TEST_REQUIRE_ALL") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def free_ports(count: int = 1) -> int:
     """A base port with `count` consecutive ports free on loopback, below the kernel's ephemeral range. A port inside
     that range (as binding port 0 gives) can become the source port of some outgoing connection before the broker

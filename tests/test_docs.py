@@ -13,9 +13,10 @@ from tests.conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 WRITTEN = {REPO / "docs" / name for name in reference.files()}
-# Variables read outside the settings classes: the dev script, CI, the test suite, the benches, and Grafana's
-# provisioning (Grafana reads those itself).
+# Variables read outside the settings classes: the dev script, CI, the test suite, the benches, the broker's jar
+# fetch (before any settings load), and Grafana's provisioning (Grafana reads those itself).
 OUTSIDE = "\n".join(p.read_text() for p in [REPO / "dev", REPO / ".ci" / "run", REPO / "tests" / "conftest.py",
+                                             REPO / "fleetpulse" / "broker.py",
                                              REPO / "compose.yaml", *(REPO / "bench").glob("*.py"),
                                              *(REPO / "deploy" / "grafana").rglob("*.yaml")])
 

