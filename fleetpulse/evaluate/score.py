@@ -363,14 +363,14 @@ def usable_compute(minutes: Sequence[Mapping], truth: Sequence[Mapping], run: Ru
     """Measured usable compute per minute against truth: the share of GPUs not on a host that a hardware fault
     should take out (a `drain` token), from the fault until the later of its end and its repair cycle (Run.out_s of
     its bin: a drained node stays out while it is repaired and validated), per minute of the run in which every node
-    had reported (earlier minutes cover part of the fleet and are only counted). Both as at the minute's end in event
-    time: the lifecycle reports a minute minute_lateness_s after it, with every node's state at its end."""
+    had reported (earlier minutes cover part of the fleet and are only counted); a minute counts when it overlaps the
+    run (fleetpulse/outcomes.py's rule). Both as at the minute's end in event time: the lifecycle reports a minute minute_lateness_s after it, with every node's state at its end."""
     if not minutes:
         return {"minutes": 0}
     measured, expected, partial = [], [], 0
     for m in sorted(minutes, key=lambda m: m["minute_ts"]):
         t0 = float(m["minute_ts"])
-        if not run.start_ts <= t0 < run.end_ts:
+        if not run.start_ts - 60 < t0 < run.end_ts:  # every minute that overlaps the run, as the report counts them
             continue
         if m.get("nodes", run.hosts) < run.hosts:
             partial += 1  # the lifecycle has not heard from every node yet: not the fleet's figure
