@@ -16,7 +16,7 @@ from schemas.limits import ID_MAX, TEXT_MAX
 
 # code -> subsystem: the stream rules (streams/fault_bins/host_rules.py) are written against these names.
 CODES = {
-    "mlx5_health_compromised": "nic", "mlx5_cmd_timeout": "nic", "mlx5_module_error": "nic",
+    "mlx5_health_compromised": "nic", "mlx5_cmd_timeout": "nic", "mlx5_module_error": "nic", "mlx5_cable_unplugged": "nic",
     "mlx5_pcie_power": "nic", "nic_link_down": "nic",
     "nvme_timeout": "storage", "nvme_controller_down": "storage", "storage_media_error": "storage",
     "block_io_error": "storage",
@@ -38,7 +38,9 @@ _NIC = (
     (re.compile(r"No done completion|timeout\. Will cause a leak of a command resource"), "mlx5_cmd_timeout", "error"),
     # events.c port_module: the [error] form carries the reason; an unplugged cable is the only other status worth one.
     (re.compile(r"Port module event\[error\]: module \d+"), "mlx5_module_error", "error"),
-    (re.compile(r"Port module event: module \d+, Cable unplugged"), "mlx5_module_error", "warning"),
+    # An unplugged cable is no module error: a port that never had one says so at every boot (the port's own readings
+    # decide whether a link that was up is gone).
+    (re.compile(r"Port module event: module \d+, Cable unplugged"), "mlx5_cable_unplugged", "warning"),
     # events.c mlx5_pcie_event.
     (re.compile(r"Detected insufficient power on the PCIe slot"), "mlx5_pcie_power", "warning"),
     # en_main.c mlx5e_update_carrier: netdev_info(netdev, "Link down").
@@ -49,12 +51,13 @@ _FS = (
     # fs/ext4/super.c ext4_handle_error; fs/xfs/xfs_fsops.c xfs_do_force_shutdown (every kernel's wording) and
     # fs/xfs/xfs_log.c xlog_force_shutdown. Before the error forms: a shutdown line also names an I/O error.
     (re.compile(r"EXT4-fs \((?P<dev>[^)\s]+)\): Remounting filesystem read-only"), "fs_readonly", "fatal"),
-    (re.compile(r"XFS \((?P<dev>[^)\s]+)\): (?:.*Shutting down filesystem|Filesystem has been shut down)"),
-     "fs_readonly", "fatal"),
+    (re.compile(r"XFS \((?P<dev>[^)\s]+)\): (?:.*Shutting down filesystem|Filesystem has been shut down"
+                r"|xfs_do_force_shutdown\(0x[0-9a-f]+\) called from line)"), "fs_readonly", "fatal"),
     # fs/ext4/super.c __ext4_error*; fs/xfs/xfs_error.c, xfs_buf.c xfs_buf_ioerror_alert, xfs_log.c.
     (re.compile(r"EXT4-fs error \(device (?P<dev>[^)\s]+)\)"), "fs_error", "error"),
     (re.compile(r"XFS \((?P<dev>[^)\s]+)\): (?:Corruption detected|Metadata corruption detected"
-                r"|Metadata CRC error detected|metadata I/O error|log I/O error)"), "fs_error", "error"),
+                r"|Metadata CRC error detected|metadata I/O error|log I/O error|xfs_log_force: error -?\d+ returned)"),
+     "fs_error", "error"),
 )
 
 _STORAGE = (
@@ -67,8 +70,13 @@ _STORAGE = (
     (re.compile(r"nvme (?P<dev>nvme\d+): I/O (?:tag )?\d+ (?:.*? )?QID \d+ timeout"), "nvme_timeout", "warning"),
     # drivers/nvme/host/core.c nvme_log_error; drivers/scsi/constants.c sense key of a SCSI/SATA disk.
     (re.compile(r"(?P<dev>nvme\d+(?:c\d+)?n\d+): .*?Unrecovered Read Error"), "storage_media_error", "error"),
-    (re.compile(r"sd [\d:]+: \[(?P<dev>[^\]\s]+)\](?: tag#\d+)? +Sense Key : Medium Error"),
-     "storage_media_error", "error"),
+    # core.c nvme_log_error, one line per failed I/O command: '<disk>: <op>(0x<opcode>) @ LBA <n>, <n> blocks, <status>
+    # (sct 0x<n> / sc 0x<n>)'. A failed admin command ('nvme0: Identify(0x6), ...') is a probe's answer: no fault.
+    (re.compile(r"(?P<dev>nvme\d+(?:c\d+)?n\d+): [\w /]+\(0x[0-9a-f]+\) @ LBA \d+, \d+ blocks, [^(]+\(sct 0x"),
+     "block_io_error", "error"),
+    # drivers/scsi/constants.c scsi_print_sense: the sense key line and its additional sense code line.
+    (re.compile(r"sd [\d:]+: \[(?P<dev>[^\]\s]+)\](?: tag#\d+)? +(?:Sense Key : Medium Error"
+                r"|Add\. Sense: Unrecovered read error)"), "storage_media_error", "error"),
     # block/blk-core.c (blk_print_req_error, older blk_update_request/print_req_error/end_request): status, device.
     (re.compile(r"(?:(?:blk_update_request|print_req_error|blk_print_req_error|end_request): )?"
                 r"(?P<status>critical medium|I/O|timeout|critical target|critical nexus|recoverable transport"
@@ -78,10 +86,17 @@ _STORAGE = (
 )
 
 # arch/x86/kernel/cpu/mce/core.c: print_mce, mce_panic, kill_me_maybe, mce_notify_irq.
-_MCE_BANK = re.compile(r"mce: \[Hardware Error\]: CPU (?P<cpu>\d+): Machine Check(?: Exception)?: [0-9a-fA-F]+ "
+_MCE_BANK = re.compile(r"(?:mce: )?\[Hardware Error\]: CPU (?P<cpu>\d+): Machine Check(?: Exception)?: [0-9a-fA-F]+ "
                        r"Bank (?P<bank>\d+): (?P<status>[0-9a-fA-F]{1,16})\b")
-_MCE_FATAL = re.compile(r"mce: (?:\[Hardware Error\]: Machine check: |Uncorrected hardware memory error in )")
+_MCE_FATAL = re.compile(r"(?:mce: )?\[Hardware Error\]: Machine check: |mce: Uncorrected hardware memory error in ")
 _MCE_LOGGED = re.compile(r"(?:\w+: )?\[Hardware Error\]: Machine check events logged")
+# kernel/panic.c panic() with mce_panic's messages (arch/x86/kernel/cpu/mce/core.c, severity.c): the host went down
+# on an uncorrected machine check (its last line, where a netconsole or the next boot's pstore keeps it).
+_MCE_PANIC = re.compile(r"Kernel panic - not syncing: (?:Fatal (?:local )?[Mm]achine check|Machine check from unknown"
+                        r" source|Timeout: Not all CPUs entered broadcast exception handler)")
+# drivers/edac/skx_common.c skx_mce_output_error, sb_edac.c, i10nm: the bank's status as the EDAC driver prints it.
+_EDAC_BANK = re.compile(r"EDAC [\w-]+ MC\d+: CPU (?P<cpu>\d+): Machine Check (?:Event|Exception): (?:0x)?[0-9a-fA-F]+ "
+                        r"Bank (?P<bank>\d+): (?:0x)?(?P<status>[0-9a-fA-F]{1,16})\b")
 # drivers/edac/mce_amd.c decode_smca_error/amd_decode_mce: AMD's decoded form of the same bank status.
 _AMD_BANK = re.compile(r"\[Hardware Error\]: CPU:(?P<cpu>\d+) \([^)]*\) MC(?P<bank>\d+)_STATUS\[(?P<flags>[^\]]*)\]: "
                        r"0x(?P<status>[0-9a-fA-F]{1,16})\b")
@@ -89,8 +104,9 @@ _AMD_BANK = re.compile(r"\[Hardware Error\]: CPU:(?P<cpu>\d+) \([^)]*\) MC(?P<ba
 _APEI = re.compile(r"(?:\{\d+\})?\[Hardware Error\]: event severity: (?P<sev>fatal|recoverable|corrected)\b")
 _APEI_CODES = {"fatal": ("mce_uncorrected", "fatal"), "recoverable": ("mce_uncorrected", "error"),
               "corrected": ("mce_corrected", "corrected")}
-# drivers/edac/edac_mc.c edac_ce_error/edac_ue_error: 'EDAC MC0: 1 CE memory read error on <label> (...)'.
-_EDAC = re.compile(r"EDAC MC(?P<mc>\d+): (?P<n>\d+) (?P<kind>CE|UE) (?:.*? )?on (?P<label>.+?)(?: \(|$)")
+# drivers/edac/edac_mc.c edac_ce_error/edac_ue_error: 'EDAC MC0: 1 CE memory read error on <label> (...)', some
+# drivers' with their name before the controller ('EDAC skx MC0: ...').
+_EDAC = re.compile(r"EDAC (?:[\w-]+ )?MC(?P<mc>\d+): (?P<n>\d+) (?P<kind>CE|UE) (?:.*? )?on (?P<label>.+?)(?: \(|$)")
 _UC = 1 << 61  # MCi_STATUS.UC: the error was not corrected
 
 
@@ -141,7 +157,12 @@ def _bank(m: re.Match, deferred: bool) -> Found:
 
 
 def _machine_check(line: str) -> Found | None:
-    if "EDAC MC" in line and (m := _EDAC.search(line)):
+    if "Kernel panic" in line:
+        m = _MCE_PANIC.search(line)
+        return (m.start(), "mce_uncorrected", "fatal", None) if m else None
+    if "EDAC " in line and "Machine Check" in line and (m := _EDAC_BANK.search(line)):
+        return _bank(m, deferred=False)
+    if "EDAC " in line and (m := _EDAC.search(line)):
         if m.group("n") == "0":
             return None
         label = m.group("label").strip()
@@ -168,10 +189,11 @@ def _match(line: str) -> Found | None:
         return _nic(line)
     if "EXT4-fs" in line or "XFS (" in line:
         return _first(_FS, line)
-    if "nvme" in line or "error, dev " in line or "Buffer I/O error" in line or "Medium Error" in line:
+    if ("nvme" in line or "error, dev " in line or "Buffer I/O error" in line or "Medium Error" in line
+            or "Unrecovered read error" in line):
         if found := _first(_STORAGE, line):
             return found
-    if "Hardware Error" in line or "EDAC MC" in line or "mce: " in line:
+    if "Hardware Error" in line or "EDAC " in line or "mce: " in line or "Kernel panic" in line:
         return _machine_check(line)
     return None
 

@@ -10,7 +10,7 @@ from agents.simulator import xid
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
 from agents.simulator.gpu_state import Effects, GpuState
 from agents.simulator import host_log
-from agents.simulator.kinds import NEEDS_JOB, PORT_KINDS, XidFault
+from agents.simulator.kinds import HOST_LOG_KINDS, NEEDS_JOB, PORT_KINDS, XidFault
 from agents.simulator.scenario import Scenario
 from agents.simulator.truth import truth_record
 from core.errors import ConfigError
@@ -200,7 +200,7 @@ class FaultInjector:
                 out += self._log(g, ts, 79)
         if kind == "thermal_runaway":
             inj.start_temp = s.temp[inj.gpus].copy()
-        if kind in ("nic_down", "ssd_error"):
+        if kind in HOST_LOG_KINDS:
             f = self.fleet
             self.host_lines = sorted([*self.host_lines, *host_log.lines(
                 spec, ts, host=f.hosts[inj.host], rack=f.racks[inj.host], cluster=f.cluster)], key=lambda e: e["ts"])
@@ -263,7 +263,7 @@ class FaultInjector:
             fx.nccl_stopped[g] = True
         elif kind == "power_surge":
             fx.power_target_w[g] = spec.power_w or SURGE_SHARE * self.fleet.device.power_limit_w
-        elif kind in ("link_down", "nic_down"):
+        elif kind in ("link_down", "nic_down", "cable_absent"):
             fx.port_down[inj.host, spec.port] = True
         elif kind == "link_degraded":
             fx.port_rate[inj.host, spec.port] = min(spec.rate_gbps, np.nan_to_num(fx.port_rate[inj.host, spec.port],

@@ -188,6 +188,45 @@ class SsdError(_Fault):
     device: str = Field(default="nvme0", pattern=r"^nvme\d{1,3}$")
 
 
+class MachineCheck(_Fault):
+    """An uncorrected machine check on the host's CPU or memory: the kernel logs the bank's status and the EDAC
+    driver the failed DIMM; the host and its GPUs run on (the page was poisoned), until someone runs the vendor's
+    diagnostics."""
+
+    kind: Literal["machine_check"]
+    takes_gpu: ClassVar[bool] = False
+
+
+class FsShutdown(_Fault):
+    """The host's XFS filesystem shuts itself down on a log write that failed, with no word from its disk: jobs can no
+    longer write checkpoints or logs there."""
+
+    kind: Literal["fs_shutdown"]
+    takes_gpu: ClassVar[bool] = False
+    device: str = Field(default="md0", pattern=r"^[a-z][a-z0-9-]{1,15}$", description="the filesystem's block device")
+
+
+class CableError(_PortFault):
+    """The port's cable or transceiver module reports an error (mlx5 'Port module event[error]'); its link runs on
+    until someone reseats or replaces it."""
+
+    kind: Literal["cable_error"]
+
+
+class CableAbsent(_PortFault):
+    """A port that never had a cable: down from the host's boot, and the NIC says 'Cable unplugged' at every boot.
+    Nothing to find: a run starts with it (at 0)."""
+
+    kind: Literal["cable_absent"]
+
+    @model_validator(mode="after")
+    def _from_boot(self):
+        if self.at != 0:
+            raise ValueError("cable_absent is a port never cabled since boot: at must be 0 (a cable pulled later is "
+                             "link_down)")
+        return self
+
+
 class JobCrash(_Fault):
     kind: Literal["job_crash"]
     job_needs_rank: ClassVar[bool] = False
@@ -203,15 +242,18 @@ class PowerSurge(_Fault):
 FaultSpec = Annotated[
     Union[XidFault, ThermalRunaway, PowerCap, SlowRank, EccDbe, RowRemapFailure, NvlinkCrc, PcieReplay, GpuLost,
           Congestion, SensorFlap, HostDown, JobCrash, PowerSurge, MonitorBroken, LinkFlap, LinkDown, LinkDegraded,
-          NicDown, SsdError],
+          NicDown, SsdError, MachineCheck, FsShutdown, CableError, CableAbsent],
     Field(discriminator="kind"),
 ]
 FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultSpec)
 KINDS = ("xid", "thermal_runaway", "power_cap", "slow_rank", "ecc_dbe", "row_remap_failure", "nvlink_crc",
          "pcie_replay", "gpu_lost", "congestion", "sensor_flap", "host_down", "job_crash", "power_surge",
-         "monitor_broken", "link_flap", "link_down", "link_degraded", "nic_down", "ssd_error")
-PORT_KINDS = frozenset({"link_flap", "link_down", "link_degraded", "nic_down"})
+         "monitor_broken", "link_flap", "link_down", "link_degraded", "nic_down", "ssd_error", "machine_check",
+         "fs_shutdown", "cable_error", "cable_absent")
+PORT_KINDS = frozenset({"link_flap", "link_down", "link_degraded", "nic_down", "cable_error", "cable_absent"})
+HOST_LOG_KINDS = frozenset({"nic_down", "ssd_error", "machine_check", "fs_shutdown", "cable_error", "cable_absent"})
 # generated ones get no random GPU
 HOST_WIDE = frozenset({"congestion", "host_down", "job_crash", "power_surge", "monitor_broken", "ssd_error",
+                       "machine_check", "fs_shutdown",
                        *PORT_KINDS})
 NEEDS_JOB = frozenset({"slow_rank", "job_crash"})  # only hosts that run a job can take these

@@ -41,6 +41,13 @@ EXPECTED = {
     "ssd_error": ["fault:nvme_timeout", "fault:nvme_controller_down", "fault:block_io_error", "fault:fs_error",
                   "fault:fs_readonly", "bin:reboot", "drain"],
     "link_flap": ["fault:ib_link_flap"],  # + bin:inspect and drain at FLAP_LIMIT drops within the hour
+    # The host around the GPUs, from its kernel log alone: an uncorrected machine check asks for the vendor's
+    # diagnostics, a filesystem that shut down for a check at reboot, a cable's module error for a person; a port that
+    # never had a cable says so at boot and is no fault.
+    "machine_check": ["fault:mce_uncorrected", "fault:memory_ue", "bin:replace", "drain"],
+    "fs_shutdown": ["fault:fs_error", "fault:fs_readonly", "bin:reboot", "drain"],
+    "cable_error": ["fault:mlx5_module_error", "bin:inspect", "drain"],
+    "cable_absent": [],
 }
 # Port rules' defaults (streams/fault_bins/config.py) against the simulator's port samples at every multiple of
 # NET_EVERY_S (30 s, for intervals that divide it): a link seen down from one sample to one link_down_s (60 s) later,
@@ -80,7 +87,8 @@ STRAGGLER_MIN_S, STRAGGLER_TRANSIENT_S = 120.0, 60.0
 STRAGGLER_MIN_PCT, STRAGGLER_QUIET_PCT = 5.0, 3.0
 # A busy link, a crashed process, a heavy load, a failing monitoring library; an announced host_down (maintenance)
 # is not hardware either (expected_tokens).
-NOT_HARDWARE = {"congestion", "job_crash", "power_surge", "monitor_broken"}  # port, NIC and disk faults are hardware
+NOT_HARDWARE = {"congestion", "job_crash", "power_surge", "monitor_broken", "cable_absent"}  # port, NIC, disk faults
+# are hardware; a port that never had a cable is no fault at all
 # Bins that take the node out of service: the GPU needs a reset, a reboot, a person or a new part.
 DRAIN_BINS = {"reset", "reboot", "inspect", "replace"}
 

@@ -27,6 +27,8 @@ HOST_EVENT_BINS: dict[str, tuple[FaultBin, str | None, str]] = {
                          "failing NIC; recorded, its fatal error or its link going down drains"),
     "mlx5_module_error": (FaultBin.INSPECT, "CHECK_CABLE", "the NIC reports an error of the cable or transceiver "
                           "module: reseat or replace it"),
+    "mlx5_cable_unplugged": (FaultBin.IGNORE, None, "the NIC says a port has no cable: a port never cabled says so at "
+                             "every boot; the port's readings decide whether a link that was up is gone"),
     "mlx5_pcie_power": (FaultBin.INSPECT, "CHECK_MECHANICALS", "the NIC's PCIe slot gives it too little power"),
     "nic_link_down": (FaultBin.IGNORE, None, "a RoCE link went down: the port's readings decide (ib_link_down, "
                       "ib_link_flap)"),

@@ -117,6 +117,20 @@ async def test_network_faults_are_found_from_ports_and_kernel_lines_and_only_las
     assert r["hardware"]["recall"] == 1.0, r["hardware"]
 
 
+async def test_the_host_s_own_kernel_lines_drain_what_they_must_and_a_port_never_cabled_nothing(settings_env):
+    """Machine checks, a filesystem that shut itself down and a cable's module error, each from real kernel lines,
+    drain their host; 'Cable unplugged' at boot on a port that never had a cable drains nothing."""
+    r = await evaluate("host-kernel")
+    landed_in_full(r)
+    assert r["accounting"]["host_lines"]["sent"] == 3 + 4 + 1 + 2
+    for kind in ("machine_check", "fs_shutdown", "cable_error"):
+        k = r["fault_kinds"][kind]
+        assert (k["recall"], k["precision"]) == (1.0, 1.0), (kind, k)
+    d = r["drains"]
+    assert d["requested"] == d["true"] == d["hardware_expected"] == 3 and d["false"] == 0, d
+    assert d["no_drain_faults"] == 2 and d["no_drain_drained"] == 0, d
+
+
 async def test_flapping_sensor_changes_node_state_at_most_once_per_dwell(settings_env):
     r = await evaluate("flapping")
     landed_in_full(r)
