@@ -71,7 +71,8 @@ def summary(state: dict, namespace: str) -> dict:
         "denied_since_open": breaker.get("denied", 0),
         "trips": breaker.get("trips", 0),
         "admitted_total": breaker.get("admitted", 0),
-        "drains_in_window": [{"ts": ts, "host": host} for ts, host in breaker.get("window", [])],
+        "drains_in_window": [{"ts": w[0], "host": w[1], **({"gpus": w[2]} if len(w) > 2 else {})}
+                             for w in breaker.get("window", [])],
         "last_reset": breaker.get("last_reset") or None,
         "known_nodes": len(known_nodes(state)),
         "usable_compute": state.get("usable_compute"),

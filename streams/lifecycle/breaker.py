@@ -24,6 +24,11 @@ class BreakerConfig(BaseModel):
     max_share_pct: float = Field(default=5.0, gt=0, le=100, description="P: % of nodes drained within the window")
     window_s: float = Field(default=900.0, gt=0, description="W: the sliding window")
     min_cap: int = Field(default=3, ge=1, description="drains always allowed per window, whatever the fleet size")
+    # Absolute caps beside the share (operators ask for both: NVSentinel issue 1686): a share of a large fleet can
+    # be more nodes, or more GPUs, than the site can afford to lose at once. Unset: the share alone.
+    max_nodes: int | None = Field(default=None, ge=1, description="nodes drained within the window at most")
+    max_gpus: int | None = Field(default=None, ge=1, description="GPUs of the nodes drained within the window at "
+                                 "most (a node's installed GPUs, as its usable-compute share says)")
     busbw_kept: int = Field(default=256, ge=1, description="recent validation bus bandwidths the median covers")
 
 
@@ -33,13 +38,21 @@ def breaker_config(settings: object | None) -> BreakerConfig:
 
 
 def cap(nodes: int, cfg: BreakerConfig) -> int:
-    """Drains admitted per window: P% of the known nodes, at least min_cap."""
-    return max(cfg.min_cap, math.floor(nodes * cfg.max_share_pct / 100.0))
+    """Drains admitted per window: P% of the known nodes, at least min_cap, and no more than max_nodes."""
+    share = max(cfg.min_cap, math.floor(nodes * cfg.max_share_pct / 100.0))
+    return share if cfg.max_nodes is None else min(share, cfg.max_nodes)
+
+
+def _why_cap(limit: int, nodes: int, cfg: BreakerConfig) -> str:
+    share = max(cfg.min_cap, math.floor(nodes * cfg.max_share_pct / 100.0))
+    return (f"{cfg.max_share_pct:g}% of {nodes} nodes" if limit == share else f"max_nodes {cfg.max_nodes}, under "
+            f"{cfg.max_share_pct:g}% of {nodes} nodes")
 
 
 @dataclass
 class Breaker:
-    """The fleet's one breaker; `window` holds [ts, host] of the drains admitted within the window."""
+    """The fleet's one breaker; `window` holds [ts, host, gpus] of the drains admitted within the window (state
+    written before max_gpus: [ts, host])."""
 
     open: bool = False
     opened_at: float = 0.0
@@ -77,9 +90,10 @@ def _alert(b: Breaker, status: str, ts: float, value: float, threshold: float, s
                  threshold=threshold, summary=summary, labels={"stage": "lifecycle"}, evidence=dict(evidence))
 
 
-def decide(b: Breaker, p: Mapping, prior: list | None, nodes: int, cfg: BreakerConfig) -> Verdict:
-    """Admit or deny one drain proposal; trips the breaker on the first drain beyond the cap. The node's lifecycle
-    sends the drain request once the answer reaches it, so no remediation result can overtake its own state."""
+def decide(b: Breaker, p: Mapping, prior: list | None, nodes: int, cfg: BreakerConfig, gpus: float = 0.0) -> Verdict:
+    """Admit or deny one drain proposal of a node of `gpus` GPUs; trips the breaker on the first drain beyond a cap
+    (nodes, or GPUs where max_gpus is set). The node's lifecycle sends the drain request once the answer reaches it,
+    so no remediation result can overtake its own state."""
     host, pid, ts = p["host"], p["proposal_id"], float(p["ts"])
     event_id = f"{pid}:drain"
     median, count = b.median()
@@ -91,21 +105,28 @@ def decide(b: Breaker, p: Mapping, prior: list | None, nodes: int, cfg: BreakerC
     else:
         b.window = [w for w in b.window if ts - w[0] < cfg.window_s]
         limit = cap(nodes, cfg)
+        held = sum(float(w[2]) for w in b.window if len(w) > 2)  # GPUs the window's drains took out
+        over_gpus = cfg.max_gpus is not None and held + gpus > cfg.max_gpus
         if b.open:
             admitted, reason = False, f"breaker open since {b.opened_at:.0f}: {b.reason}"
-        elif len(b.window) >= limit:
+        elif len(b.window) >= limit or over_gpus:
             admitted = False
             b.open, b.opened_at, b.trips = True, ts, b.trips + 1
-            b.reason = (f"{len(b.window)} nodes drained within {cfg.window_s:.0f}s reached the cap of {limit} "
-                        f"({cfg.max_share_pct:g}% of {nodes} nodes)")
+            b.reason = (f"{held:g} GPUs drained within {cfg.window_s:.0f}s and {gpus:g} more would pass the cap of "
+                        f"{cfg.max_gpus} GPUs (max_gpus)" if len(b.window) < limit else
+                        f"{len(b.window)} nodes drained within {cfg.window_s:.0f}s reached the cap of {limit} "
+                        f"({_why_cap(limit, nodes, cfg)})")
             reason = f"breaker tripped: {b.reason}"
             alert = _alert(b, "firing", ts, len(b.window) + 1, limit,
                            f"automatic drains stopped: {b.reason}; run `fleetpulse breaker reset` after checking",
                            {"fleet_nodes": nodes, "window_drains": len(b.window), "cap": limit,
-                            "window_s": cfg.window_s, "max_share_pct": cfg.max_share_pct})
+                            "window_s": cfg.window_s, "max_share_pct": cfg.max_share_pct, "window_gpus": held,
+                            "drain_gpus": gpus, **({"max_nodes": cfg.max_nodes} if cfg.max_nodes else {}),
+                            **({"max_gpus": cfg.max_gpus} if cfg.max_gpus else {})})
         else:
-            admitted, reason = True, f"{len(b.window) + 1} of {limit} drains allowed within {cfg.window_s:.0f}s"
-            b.window.append([ts, host])
+            admitted, reason = True, f"{len(b.window) + 1} of {limit} drains allowed within {cfg.window_s:.0f}s" + (
+                f", {held + gpus:g} of {cfg.max_gpus} GPUs" if cfg.max_gpus is not None else "")
+            b.window.append([ts, host, gpus])
             b.admitted += 1
         if not admitted:
             b.denied += 1

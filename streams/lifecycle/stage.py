@@ -119,6 +119,13 @@ def _share(state: State, rec: dict) -> None:
                                                        rec["share"]))
 
 
+def _installed(state: State, host: str) -> float:
+    """The node's installed GPUs, from its newest share (pending or reported; SHARE-ordered, installed first)."""
+    pending = state.get(FLEET, f"pending:{host}")
+    share = pending[-1][1] if pending else state.get(FLEET, f"share:{host}")
+    return float(share[0]) if share else 0.0
+
+
 def _fold(state: State, end: float) -> None:
     """Every node's share as at `end`: its pending changes before then applied, the later ones kept."""
     for key, changes in list(state.scan(FLEET, "pending:").items()):
@@ -161,7 +168,8 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
         if last is not None and last != state.get(FLEET, "minute"):
             state.put(FLEET, "minute", last)
         if kind == "drain":
-            v = decide(b, rec, state.get(FLEET, f"decided:{rec['host']}"), _fleet_size(state), cfg.breaker)
+            v = decide(b, rec, state.get(FLEET, f"decided:{rec['host']}"), _fleet_size(state), cfg.breaker,
+                       _installed(state, rec["host"]))
             state.put(FLEET, f"decided:{rec['host']}", v.decided)
             touched = True
             if v.decision is None:

@@ -76,7 +76,54 @@ def test_the_window_slides_while_the_breaker_is_closed():
     b, cfg = Breaker(), BreakerConfig(min_cap=2, max_share_pct=1, window_s=600)
     for i, ts in enumerate((T0, T0 + 100, T0 + 700, T0 + 799)):  # never more than 2 within 600 s
         assert decide(b, proposal(f"h{i}", ts), None, 10, cfg).decision["admitted"]
-    assert not b.open and [h for _, h in b.window] == ["h2", "h3"]
+    assert not b.open and [w[1] for w in b.window] == ["h2", "h3"]
+
+
+def test_absolute_caps_hold_a_large_fleet_to_so_many_nodes_and_gpus():
+    """5 % of 10,000 nodes is 500 within 15 minutes; max_nodes holds it to 20, max_gpus to 64 GPUs whatever the
+    share says, and each trip says which cap it was."""
+    cfg = BreakerConfig(max_nodes=20)
+    assert cap(10_000, cfg) == 20 and cap(100, cfg) == 5  # the smaller of the two
+    b = Breaker()
+    for i in range(20):
+        assert decide(b, proposal(f"h{i}", T0 + i), None, 10_000, cfg, 8).decision["admitted"]
+    v = decide(b, proposal("h20", T0 + 20), None, 10_000, cfg, 8)
+    assert not v.decision["admitted"] and b.open
+    assert "reached the cap of 20 (max_nodes 20, under 5% of 10000 nodes)" in b.reason
+    assert (v.alert.evidence["max_nodes"], v.alert.evidence["window_gpus"]) == (20, 160.0)
+
+    b, cfg = Breaker(), BreakerConfig(max_gpus=64)
+    for i in range(8):  # 8 nodes of 8 GPUs: 64
+        d = decide(b, proposal(f"h{i}", T0 + i), None, 10_000, cfg, 8).decision
+        assert d["admitted"] and d["reason"].endswith(f", {8 * (i + 1)} of 64 GPUs"), d
+    v = decide(b, proposal("h8", T0 + 8), None, 10_000, cfg, 8)
+    assert not v.decision["admitted"] and b.reason == ("64 GPUs drained within 900s and 8 more would pass the cap of "
+                                                        "64 GPUs (max_gpus)")
+    assert v.alert.evidence["max_gpus"] == 64 and v.alert.evidence["drain_gpus"] == 8
+    old = Breaker(window=[[T0, "h0"]])  # state written before the GPU cap: its drains count as nodes only
+    assert decide(old, proposal("h1", T0 + 1), None, 100, cfg, 8).decision["admitted"]
+
+
+def test_the_fleet_step_weighs_a_drain_by_the_node_s_installed_gpus():
+    """Through the stage's own fleet step: a node's installed GPUs come from its usable-compute share."""
+    import orjson
+
+    from schemas.topics import LIFECYCLE_DECISIONS, LIFECYCLE_FLEET
+    from streams import registry
+    from streams.runtime.offline import offline_steps
+    from streams.runtime.spec import Record
+    from streams.settings import streams_settings
+
+    settings = streams_settings(None, breaker=BreakerConfig(max_gpus=16))
+    [step] = [s for s in offline_steps([registry.STAGES["lifecycle"]], settings) if s.step.run.__name__ == "fleet_step"]
+    records = [{"kind": "share", "host": h, "ts": T0, "share": [8, 8, 0, 0, 0, 0, 0, 0, 0]} for h in ("a", "b", "c")]
+    records += [proposal(h, T0 + k + 1) for k, h in enumerate(("a", "b", "c"))]
+    answers = []
+    for offset, rec in enumerate(records):
+        for e in step.run([Record("fleet", rec, rec["host"], LIFECYCLE_FLEET.name, 0, offset, 0)]):
+            if e.to is LIFECYCLE_DECISIONS:
+                answers.append((orjson.loads(e.value)["host"], orjson.loads(e.value)["admitted"]))
+    assert answers == [("a", True), ("b", True), ("c", False)]  # 8 + 8 GPUs, a third node's 8 would pass 16
 
 
 def test_an_admitted_drain_carries_the_breakers_reason_and_the_fleet_median():
