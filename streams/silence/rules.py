@@ -107,6 +107,7 @@ class HostView:
     samples_source: str = ""  # the topic-partition its samples come from
     judged: str | None = None  # SINGLE, RACK or FLEET once judged
     monitor_since: float | None = None  # MonitorBroken firing since
+    lost_gpus: int = 0  # GPUs its agent counts but its last sample had no row of
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -137,6 +138,7 @@ def merge(view: HostView, report: Mapping) -> None:
     view.samples_source = seen.get("samples_source") or view.samples_source
     view.sample_ts = max(view.sample_ts, seen["sample_ts"])
     view.rack, view.job, view.failing, view.oos = seen["rack"], seen["job"], dict(seen["failing"]), seen["oos"]
+    view.lost_gpus = int(report.get("lost_gpus", view.lost_gpus))
     if not view.failing:
         view.failing_since = None
     elif view.failing_since is None:
@@ -375,10 +377,16 @@ def _job(out: Judgement, job: str, jv: dict, members: list[str], hosts: dict[str
         return
     jv = out.jobs[job] = {**jv, "stalled_since": jv["ts"] if stalled else None}
     since = jv["ts"]
-    evidence_hosts = sorted([h for h in members if h in silent] +
-                            [h for h in reporting if hosts[h].monitor_since is not None or hosts[h].failing])
-    cause = (f"hardware evidence: {_names(evidence_hosts)} silent or with a broken monitor" if evidence_hosts
-             else "software (a hang or deadlock) unless hardware evidence joins it: no host of it is silent")
+    # Hardware evidence: a host of it silent, with a broken monitor or a lost GPU, or taken out of service while it
+    # ran the job (a drained host no longer counts among its members, but its fault is why the job stopped).
+    drained = [h for h, v in hosts.items() if v.job == job and v.oos and h not in members]
+    evidence_hosts = sorted({*(h for h in members if h in silent), *drained,
+                             *(h for h in reporting if hosts[h].monitor_since is not None or hosts[h].failing
+                               or hosts[h].lost_gpus)})
+    cause = (f"hardware evidence: {_names(evidence_hosts)} silent, out of service, with a broken monitor or a lost "
+             "GPU" if evidence_hosts
+             else "software (a hang or deadlock) unless hardware evidence joins it: no host of it is silent, out of "
+                  "service, broken or short of a GPU")
     summary = (f"job {job}: no collective for {idle_s:.0f} s while {len(reporting)} of its {len(members)} hosts "
                f"report it; {cause}; no drain" if stalled
                else f"job {job}: collectives resumed" if reporting and idle_s < cfg.stall_after_s

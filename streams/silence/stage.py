@@ -54,7 +54,7 @@ def check_fleet(value: object) -> dict:
 
 def _blank(host: str) -> dict:
     return {"kind": "host", "host": host, "alive_ts": 0.0, "sample_ts": 0.0, "rack": "", "job": None,
-            "failing": None, "bye": False, "oos": None, "source": "", "samples_source": ""}
+            "failing": None, "bye": False, "oos": None, "source": "", "samples_source": "", "lost_gpus": 0}
 
 
 # What every report carries as this worker read it (times only grow); flags come only from the record (seen_step).
@@ -94,6 +94,10 @@ def seen_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> li
             if r.kind == "sample" and rec["ts"] > cur["sample_ts"]:  # samples and status are two topics: each
                 cur["sample_ts"], cur["samples_source"] = rec["ts"], source  # in order
                 cur["job"] = proven["job"] = rec.get("job")
+                # GPUs the agent counts on the host but read no row of (fallen off the bus, lost to the driver)
+                installed, read = rec.get("gpu_count"), rec.get("gpus")
+                cur["lost_gpus"] = proven["lost_gpus"] = (max(0, int(installed) - len(read))
+                                                          if installed is not None and read is not None else 0)
             if rec["ts"] >= cur["alive_ts"]:
                 cur["alive_ts"], cur["rack"], cur["source"] = rec["ts"], rec["rack"] or cur["rack"], source
                 proven["bye"] = cur["bye"] = r.kind != "sample" and rec["state"] == "stopping"
@@ -103,7 +107,7 @@ def seen_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> li
                         cur["job"] = proven["job"] = rec["job"]
         hosts[host] = cur
         last = sent.get(host)
-        flags = (cur["rack"], cur["job"], cur["failing"], cur["bye"], cur["oos"])
+        flags = (cur["rack"], cur["job"], cur["failing"], cur["bye"], cur["oos"], cur.get("lost_gpus", 0))
         if (last is None or last[1] != flags or cur["alive_ts"] - last[0] >= cfg.report_s
                 or cur["sample_ts"] - last[2] >= cfg.report_s):  # samples read late, behind a status read on time
             sent[host] = (cur["alive_ts"], flags, cur["sample_ts"])
