@@ -24,6 +24,11 @@ from core.settings import CommonSettings
 from fleetpulse.query import query
 
 REPEAT_WITHIN_DAYS = 7
+# Where the GPU-hours that were not usable went, by the lifecycle's buckets (streams/lifecycle/usable_compute.py): out
+# of service for a drain and its repair, held back by a fault before any drain (gated by a hard gate, or a GPU gone),
+# and slowed (a straggler's share, throttling).
+LOSSES = {"drains": ("drained", "validating", "replace"), "faults_before_drain": ("gated", "lost"),
+          "stragglers": ("straggler_loss",), "throttling": ("throttled",)}
 RATE_PER_GPU_DAYS = 1000  # alert rates are per 1,000 GPU-days
 Ask = Callable[[str], list[dict]]
 
@@ -70,7 +75,8 @@ FROM usable_compute WHERE scope = 'fleet' AND {minutes} GROUP BY minute_ts"""
 USABLE_COMPUTE = f"""SELECT count() AS minutes, sum(usable_gpus) / sum(installed_gpus) AS gpu_weighted,
        avgIf(usable_gpus / installed_gpus, nodes = (SELECT max(nodes) FROM ({FLEET_MINUTES}))) AS full_minutes_mean,
        sum(installed_gpus) / 60 AS installed_gpu_hours, sum(usable_gpus) / 60 AS usable_gpu_hours,
-       mapApply((k, v) -> (k, v / sum(installed_gpus)), sumMap(breakdown_gpus)) AS breakdown
+       mapApply((k, v) -> (k, v / sum(installed_gpus)), sumMap(breakdown_gpus)) AS breakdown,
+       mapApply((k, v) -> (k, v / 60), sumMap(breakdown_gpus)) AS lost_gpu_hours
 FROM ({FLEET_MINUTES})"""
 
 USABLE_COMPUTE_PER_DAY = f"""SELECT toString(toDate(minute_ts)) AS day, count() AS minutes, max(nodes) AS nodes,
@@ -251,6 +257,9 @@ def figures(ask: Ask, rng: Range) -> dict:
                            "gpu_weighted": _round(u["gpu_weighted"]) if minutes else None,
                            "full_minutes_mean": _round(u["full_minutes_mean"]) if minutes else None,
                            "breakdown": {k: round(float(v), 4) for k, v in (u["breakdown"] or {}).items() if v},
+                           "gpu_hours_lost": {name: round(sum(float((u["lost_gpu_hours"] or {}).get(b, 0.0))
+                                                               for b in buckets), 2) if minutes else 0.0
+                                              for name, buckets in LOSSES.items()},
                            "per_day": rows("usable_compute_per_day")},
         "interruptions": {"total": sum(r["interruptions"] for r in bins if r["bin"] != "ignore"),
                           "ignored": sum(r["interruptions"] for r in bins if r["bin"] == "ignore"),

@@ -38,6 +38,9 @@ def render(r: dict) -> str:
     out = [f"fleetpulse report  {r['from']}  ->  {r['to']}", "",
            f"usable compute      {percent(u['gpu_weighted'])} of installed GPU-hours ({u['gpu_weighted']}; "
            f"{u['installed_gpu_hours']} GPU-h, {u['minutes']} minutes; mean of full minutes {u['full_minutes_mean']})"]
+    lost = u["gpu_hours_lost"]
+    out.append(f"  GPU-hours lost: {lost['drains']} to drains and repairs, {lost['faults_before_drain']} to faults "
+               f"before a drain, {lost['stragglers']} to stragglers, {lost['throttling']} to throttling")
     for day in u["per_day"]:
         rest = ", ".join(f"{k} {v}" for k, v in sorted(day["breakdown"].items(), key=lambda kv: -kv[1]) if v)
         out.append(f"  {day['day']}  {day['usable_compute']}  {rest}")

@@ -84,6 +84,8 @@ def test_every_figure_over_two_hours(filled):
     u = r["usable_compute"]
     assert (u["minutes"], u["installed_gpu_hours"], u["gpu_weighted"], u["full_minutes_mean"]) == \
         (120, 160.0, 0.95, 0.95)
+    # 8 GPUs drained for 60 minutes: 8 GPU-hours lost to drains, none elsewhere
+    assert u["gpu_hours_lost"] == {"drains": 8.0, "faults_before_drain": 0.0, "stragglers": 0.0, "throttling": 0.0}
     assert u["per_day"] == [{"day": "2026-11-30", "minutes": 120, "nodes": 10, "usable_compute": 0.95,
                              "breakdown": {"drained": 0.05}}]
     i = r["interruptions"]
@@ -108,6 +110,7 @@ def test_every_figure_over_two_hours(filled):
     assert (s["windows_flagged"], s["jobs"], s["hosts"], s["job_seconds_lost"]) == (1, 1, ["h1"], 6.0)
     text = report.render(r)
     assert "usable compute      95.0 % of installed GPU-hours (0.95;" in text and "h1: 1 of 1" in text
+    assert "GPU-hours lost: 8.0 to drains and repairs, 0.0 to faults before a drain" in text
     assert r["notes"] == ["alert rates per 1,000 GPU-days are extrapolated from 6.67 GPU-days (x150): read the counts"]
     assert f"h2: sent to replace at {D + 90 * M:.0f}, drain 3 for reset" in text
 
