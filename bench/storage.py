@@ -115,7 +115,7 @@ def measure(hosts: int, minutes: int, days: int, repeat: int) -> dict:
 def _measure(store: str, hosts: int, minutes: int, days: int, repeat: int) -> dict:
     import clickhouse_connect
 
-    from schemas.ddl import create_table
+    from schemas.ddl import ONE_SERVER, create_table
     from schemas.tables import TABLES
 
     table = TABLES["gpu_samples"]
@@ -123,6 +123,8 @@ def _measure(store: str, hosts: int, minutes: int, days: int, repeat: int) -> di
     start = float(int(time.time()) // 3600 * 3600 - days * 86400)  # within the table's TTL, whole hours
     records, digest = _records(hosts, minutes, start)
     client = clickhouse_connect.get_client(dsn=f"chdb://{store}")
+    client.command(f"CREATE DATABASE IF NOT EXISTS {ONE_SERVER.database}")  # create_table names its database
+    client = clickhouse_connect.get_client(dsn=f"chdb://{store}", database=ONE_SERVER.database)
     # Wide parts at any size, so that system.parts_columns has a figure for every column.
     client.command(create_table(table) + ", min_bytes_for_wide_part = 0")
     jitter, offsets = random.Random(SEED), [0] * PARTITIONS
