@@ -81,6 +81,15 @@ FIELDS: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL": ("nvlink_replay_errors", "int"),
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": ("nvlink_recovery_errors", "int"),
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL": ("nvlink_recovery_errors", "int"),
+    "DCGM_FI_DEV_PCIE_LINK_GEN": ("pcie_link_gen", "int_small"),  # fields 235-238
+    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": ("pcie_link_gen_max", "int_small"),
+    "DCGM_FI_DEV_PCIE_LINK_WIDTH": ("pcie_link_width", "int_small"),
+    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": ("pcie_link_width_max", "int_small"),
+    **{f"DCGM_FI_DEV_{name}_{level.upper()}": (f"remap_banks_{level}", "int_small")  # fields 385-389, both names
+       for name in ("BANKS_REMAP_ROWS_AVAIL", "BANK_REMAP_AVAIL") for level in ("max", "high", "partial", "low", "none")},
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS": ("fabric_status", "int_small"),  # fields 170, 173, 174 (172, the cluster
+    "DCGM_FI_DEV_FABRIC_CLIQUE_ID": ("fabric_clique_id", "int"),  # UUID, is a string: no metric carries it)
+    "DCGM_FI_DEV_FABRIC_HEALTH_MASK": ("fabric_health_mask", "int_small"),
     "DCGM_FI_DEV_XID_ERRORS": ("last_xid", "xid"),
     "DCGM_FI_DEV_XID_ERROR": ("last_xid", "xid"),
     "DCGM_FI_DEV_GPU_RECOVERY_ACTION": ("recovery_action", "recovery"),

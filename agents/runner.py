@@ -100,7 +100,7 @@ class AgentRunner:
         started = time.perf_counter()
         state.busy = asyncio.ensure_future(asyncio.to_thread(state.collector.sample))
         try:
-            result = await asyncio.shield(state.busy)
+            result = await self._outlast(state)
         except Exception as exc:
             state.errors += 1
             if repr(exc) != state.last_error:  # log a new kind of failure, not every repeat of it
@@ -115,6 +115,23 @@ class AgentRunner:
         out = messages(result, self.settings.agent_job)
         state.records += len(out)
         return out
+
+    async def _outlast(self, state: CollectorState) -> Any:
+        """The poll's result; a poll still running after `agent_poll_stall_s` is a stalled collector: the status says
+        so at once, naming the call it hangs in (a thread cannot be stopped: the poll is waited out, and its collector
+        loop with it, while the status loop goes on), and logs it; a stall is how a dying GPU or driver often shows
+        first (NVSentinel issue 1748: a degrading GPU stalled DCGM, its monitor restarted 49 times, nothing said)."""
+        busy, limit = state.busy, self.settings.agent_poll_stall_s
+        done, _ = await asyncio.wait({busy}, timeout=limit)
+        if not done:
+            doing = getattr(state.collector, "doing", None)
+            where = doing() if callable(doing) else None
+            state.last_error = (f"stalled: {state.spec.name} poll has not returned in {limit:g} s"
+                                + (f" (in {where})" if where else "") + ": a call into the driver or exporter hangs")
+            log.error("collector %s: %s", state.spec.name, state.last_error)
+            self._set_failing(state, True)
+            await asyncio.wait({busy})
+        return busy.result()
 
     def _set_failing(self, state: CollectorState, failing: bool) -> None:
         if state.failing != failing:

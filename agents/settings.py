@@ -33,6 +33,9 @@ class AgentSettings(CommonSettings):
     agent_interval_s: float = Field(default=10.0, gt=0, le=3600, description="seconds between samples")
     agent_event_poll_s: float = Field(default=0.5, gt=0, le=60, description="XID/NCCL sources: longest wait")
     agent_recheck_s: float = Field(default=300.0, ge=0, description="re-probe unsupported collectors; 0 = never")
+    agent_poll_stall_s: float = Field(default=30.0, gt=0, le=3600,
+                                      description="a poll running this long is stalled: the agent's status says so "
+                                                  "and names the call it hangs in (a GPU or driver in trouble)")
     agent_status_every_s: float = Field(default=60.0, gt=0, le=3600,
                                         description="seconds between agent status records while nothing changes")
     agent_metrics_port: int | None = Field(default=9464, ge=0, le=65535, description="empty or off: none")

@@ -24,6 +24,13 @@ _CELSIUS = ch("Int16", "ZSTD(1)")
 _EXACT = ch("Float64", "ZSTD(1)")  # MiB from NVML's bytes: kept exactly (Gorilla only grows noisy gauges)
 _COUNTER = ch("UInt64", "Delta, ZSTD(1)")  # cumulative: the deltas are mostly zero
 _FLAG = ch("Bool", "ZSTD(1)")
+_SMALL = ch("UInt8", "ZSTD(1)")  # a small level that rarely moves (a link's generation or width, a state)
+_BANKS = ch("UInt16", "ZSTD(1)")
+# GPU fabric (NVLink domain) status, in DCGM's dcgmFabricManagerStatus_t numbering (DCGM_FI_DEV_FABRIC_MANAGER_STATUS);
+# the NVML collector derives it from nvmlGpuFabricInfo's state and status as DCGM does.
+FABRIC_STATUS = {0: "not supported", 1: "not started", 2: "in progress", 3: "success", 4: "failure",
+                 5: "unrecognized", 6: "NVML too old"}
+FABRIC_SUCCESS, FABRIC_FAILURE = 3, 4
 
 
 def _ratio(stored_as: str) -> dict:
@@ -86,12 +93,47 @@ class GpuReading(BaseModel):
     remapped_rows_uncorrectable: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
     row_remap_pending: bool | None = Field(default=None, json_schema_extra=_FLAG)
     row_remap_failure: bool | None = Field(default=None, json_schema_extra=_FLAG)
+    # NVML's row remapper histogram: memory banks by how many spare rows they have left
+    remap_banks_max: int | None = Field(default=None, ge=0, le=65535, description="banks with every spare row left",
+                                        json_schema_extra=_BANKS)
+    remap_banks_high: int | None = Field(default=None, ge=0, le=65535, description="banks with most spare rows left",
+                                         json_schema_extra=_BANKS)
+    remap_banks_partial: int | None = Field(default=None, ge=0, le=65535, description="banks with some spare rows "
+                                            "left", json_schema_extra=_BANKS)
+    remap_banks_low: int | None = Field(default=None, ge=0, le=65535, description="banks with few spare rows left",
+                                        json_schema_extra=_BANKS)
+    remap_banks_none: int | None = Field(default=None, ge=0, le=65535, description="banks with no spare row left: the "
+                                         "next bad row there cannot be remapped", json_schema_extra=_BANKS)
     # interconnect
     pcie_replay_count: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    pcie_link_gen: int | None = Field(default=None, ge=0, le=255, description="PCIe link generation now (an idle GPU "
+                                      "may train down to save power)", json_schema_extra=_SMALL)
+    pcie_link_gen_max: int | None = Field(default=None, ge=0, le=255, description="the highest PCIe generation the "
+                                          "GPU and its slot allow", json_schema_extra=_SMALL)
+    pcie_link_width: int | None = Field(default=None, ge=0, le=255, description="PCIe lanes in use now",
+                                        json_schema_extra=_SMALL)
+    pcie_link_width_max: int | None = Field(default=None, ge=0, le=255, description="the most PCIe lanes the GPU and "
+                                            "its slot allow", json_schema_extra=_SMALL)
     nvlink_crc_errors: int | None = Field(default=None, ge=0, description="CRC flit+data errors, all links",
                                           json_schema_extra=_COUNTER)
     nvlink_replay_errors: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
     nvlink_recovery_errors: int | None = Field(default=None, ge=0, json_schema_extra=_COUNTER)
+    nvlink_links: int | None = Field(default=None, ge=0, le=32, description="NVLink links the GPU has (each answers "
+                                     "a state query, active or not)", json_schema_extra=_SMALL)
+    nvlink_active_mask: int | None = Field(default=None, ge=0, le=2**32 - 1, description="bit i set: link i is "
+                                           "active now", json_schema_extra=ch("UInt32", "ZSTD(1)"))
+    # the GPU's NVLink domain (NVSwitch fabric): nvmlDeviceGetGpuFabricInfo, DCGM fields 170-174
+    fabric_status: int | None = Field(default=None, ge=0, le=6, description="fabric manager status: 0 not supported, "
+                                      "1 not started, 2 in progress, 3 success, 4 failure, 5 unrecognized, 6 NVML too "
+                                      "old (DCGM's numbering)", json_schema_extra=_SMALL)
+    fabric_clique_id: int | None = Field(default=None, ge=0, le=2**32 - 1, description="the GPU's NVLink clique "
+                                         "(domain) within the fabric", json_schema_extra=ch("UInt32", "ZSTD(1)"))
+    fabric_cluster_uuid: str | None = Field(default=None, max_length=ID_MAX, description="the fabric's cluster UUID",
+                                            json_schema_extra=ch("LowCardinality(Nullable(String))"))
+    fabric_health_mask: int | None = Field(default=None, ge=0, le=2**32 - 1, description="NVML fabric health mask "
+                                           "(degraded bandwidth, route recovery, route unhealthy, access timeout, "
+                                           "configuration, partition, fabric manager connection)",
+                                           json_schema_extra=ch("UInt32", "ZSTD(1)"))
     # fault state
     last_xid: int | None = Field(default=None, ge=0, json_schema_extra=ch("UInt64", "ZSTD(1)"))
     recovery_action: int | None = Field(default=None, ge=0, le=7, description="nvmlDeviceGpuRecoveryAction_t",

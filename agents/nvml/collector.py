@@ -79,6 +79,7 @@ class NvmlCollector:
         self.unsupported_reason: str | None = None
         self._started = self._initialized = False
         self._pending: list[DeviceFault] = []
+        self._reading: NvmlDevice | None = None  # the GPU a poll is reading now
 
     def is_supported(self) -> bool:
         """True when NVML initialises and sees at least one GPU; the reason otherwise is in `unsupported_reason`."""
@@ -120,6 +121,7 @@ class NvmlCollector:
         gpus: list[GpuReading] = []
         extras: dict[str, dict] = {}
         for device in self.devices:
+            self._reading = device
             try:
                 if device.handle is None:
                     device.open()
@@ -132,10 +134,16 @@ class NvmlCollector:
                 reading["last_xid"] = self.last_xid(device.uuid)
             gpus.append(validated_reading(reading, self.invalid))
             extras[device.uuid] = extra
+        self._reading = None
         sample = HostSample(host=self.host, rack=self.rack, cluster=self.cluster, job=self.job, ts=ts, seq=self.seq,
                             source="nvml", driver_version=self.driver_version, gpus=gpus)
         self.seq += 1
         return NvmlPoll(sample, faults, extras)
+
+    def doing(self) -> str | None:
+        """Where a poll is now, e.g. 'GPU 3: nvmlDeviceGetRemappedRows' (read from another thread: a poll that hangs)."""
+        device = self._reading
+        return None if device is None else f"GPU {device.index}: {device.call or 'opening'}"
 
     def _record(self, device: NvmlDevice, exc: DeviceFaultError, ts: float, out: list[DeviceFault]) -> None:
         device.handle = None  # reopen next poll: a reset GPU comes back with fresh identity and limits

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import uuid
 from collections import Counter
 from typing import Any, Callable
 
@@ -12,7 +14,7 @@ from agents.nvml.lib import (
     DEVICE_FAULTS, HOST_FAULTS, UNSUPPORTED_CODES, FaultKind, Nvml, NvmlUnavailableError, error_code, error_name,
     field_value, normalize_pci_bus_id, text,
 )
-from schemas.telemetry import GpuReading
+from schemas.telemetry import FABRIC_FAILURE, FABRIC_SUCCESS, GpuReading
 
 MIB = 1024 * 1024
 # Read groups that fill more than one GpuReading field; every other group is named after the one field it fills.
@@ -24,6 +26,14 @@ GROUP_FIELDS = {
     "violation_power": ("throttle_power_ns",),
     "violation_thermal": ("throttle_thermal_ns",),
     "mig_mode": ("mig_enabled",),
+    "remap_histogram": ("remap_banks_max", "remap_banks_high", "remap_banks_partial", "remap_banks_low",
+                        "remap_banks_none"),
+    "fabric": ("fabric_status", "fabric_clique_id", "fabric_cluster_uuid", "fabric_health_mask"),
+    "nvlink_state": ("nvlink_links", "nvlink_active_mask"),
+}
+PCIE_LIMITS = {  # GpuReading field -> the NVML function that reads it once, at open: what the GPU and its slot allow
+    "pcie_link_gen_max": "nvmlDeviceGetMaxPcieLinkGeneration",
+    "pcie_link_width_max": "nvmlDeviceGetMaxPcieLinkWidth",
 }
 LIMITS = {  # GpuReading field -> nvmlTemperatureThresholds_t
     "shutdown_temp_c": pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
@@ -75,10 +85,12 @@ class NvmlDevice:
         self.pci_bus_id: str | None = None
         self.model: str | None = None
         self.limits: dict[str, float | None] = {}
-        self.links: tuple[int, ...] = ()
+        self.links: tuple[int, ...] = ()  # active at open: their error counters are summed
+        self.link_ids: tuple[int, ...] = ()  # every link the GPU has (answered a state query at open)
         self.unsupported: set[str] = set()
         self.errors: Counter[str] = Counter()  # transient errors, "group:NVMLError_Name"
         self.mig_mode: int | None = None
+        self.call: str | None = None  # the NVML function last called: where a poll that hangs is stuck
         current = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         self._reasons: Callable[[Any], int] = current or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
 
@@ -100,16 +112,23 @@ class NvmlDevice:
                        for f, t in LIMITS.items()}
         default = self._get("power_default_limit_w", self.nvml.nvmlDeviceGetPowerManagementDefaultLimit)
         self.limits["power_default_limit_w"] = default / 1000.0 if default is not None else None
-        links = []
+        for field, fn in PCIE_LIMITS.items():
+            self.limits[field] = self._get(field, getattr(self.nvml, fn))
+        links, present = [], []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
-                if self.nvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
-                    links.append(link)
+                state = self.nvml.nvmlDeviceGetNvLinkState(handle, link)
             except NVMLError as exc:
-                self._fault_or_none(exc, "nvlink_state")  # beyond the device's links: INVALID_ARGUMENT
-        self.links = tuple(links)
+                self._fault_or_none(exc, "nvlink_probe")  # beyond the device's links: INVALID_ARGUMENT
+                continue
+            present.append(link)
+            if state == pynvml.NVML_FEATURE_ENABLED:
+                links.append(link)
+        self.links, self.link_ids = tuple(links), tuple(present)
         if not self.links:
             self.unsupported.update(NVLINK)
+        if not self.link_ids:
+            self.unsupported.add("nvlink_state")
 
     def read(self) -> tuple[dict, dict]:
         """(GpuReading fields, extras the schema has no column for). Raises DeviceFaultError or NvmlUnavailableError."""
@@ -151,8 +170,15 @@ class NvmlDevice:
         r["row_remap_pending"] = bool(rpending) if rpending is not None else None
         r["row_remap_failure"] = bool(failure) if failure is not None else None
         r["pcie_replay_count"] = get("pcie_replay_count", nvml.nvmlDeviceGetPcieReplayCounter)
+        r["pcie_link_gen"] = get("pcie_link_gen", nvml.nvmlDeviceGetCurrPcieLinkGeneration)
+        r["pcie_link_width"] = get("pcie_link_width", nvml.nvmlDeviceGetCurrPcieLinkWidth)
+        hist = get("remap_histogram", nvml.nvmlDeviceGetRowRemapperHistogram)
+        for level in ("max", "high", "partial", "low", "none"):
+            r[f"remap_banks_{level}"] = getattr(hist, level) if hist is not None else None
         for field, counters in NVLINK.items():
             r[field] = self._nvlink_sum(field, counters)
+        r["nvlink_links"], r["nvlink_active_mask"] = self._nvlink_states()
+        r.update(self._fabric())
         violations = {}
         for name, policy in VIOLATIONS.items():
             v = get(f"violation_{name}", nvml.nvmlDeviceGetViolationStatus, policy)
@@ -198,6 +224,46 @@ class NvmlDevice:
             out["recovery_action"] = None
         return out
 
+    def _nvlink_states(self) -> tuple[int | None, int | None]:
+        """(links the GPU has, bit mask of those active now): a link that trained down since open shows here."""
+        if "nvlink_state" in self.unsupported:
+            return None, None
+        mask = 0
+        for link in self.link_ids:
+            state = self._get("nvlink_state", self.nvml.nvmlDeviceGetNvLinkState, link)
+            if state is None:
+                return len(self.link_ids), None  # one link unread: a mask without it would say it is down
+            if state == pynvml.NVML_FEATURE_ENABLED:
+                mask |= 1 << link
+        return len(self.link_ids), mask
+
+    def _fabric(self) -> dict[str, Any]:
+        """The GPU's fabric (NVLink domain) as DCGM reports it: nvmlDeviceGetGpuFabricInfoV (r550+, with the health
+        mask), else nvmlDeviceGetGpuFabricInfo (r535). State COMPLETED with an error status is a failed training."""
+        out: dict[str, Any] = dict.fromkeys(GROUP_FIELDS["fabric"])
+        if "fabric" in self.unsupported:
+            return out
+        info: Any = pynvml.c_nvmlGpuFabricInfo_v2_t()
+        try:
+            self.nvml.nvmlDeviceGetGpuFabricInfoV(self.handle, ctypes.byref(info))
+        except NVMLError as exc:
+            if error_code(exc) != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                return self._fault_or_none(exc, "fabric", "nvmlDeviceGetGpuFabricInfoV") or out
+            info = pynvml.c_nvmlGpuFabricInfo_t()
+            if self._get("fabric", self.nvml.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info)) is None:
+                return out
+        state, status = int(info.state), int(info.status)
+        if state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+            out["fabric_status"] = FABRIC_SUCCESS if status == pynvml.NVML_SUCCESS else FABRIC_FAILURE
+        else:
+            out["fabric_status"] = state if state < pynvml.NVML_GPU_FABRIC_STATE_COMPLETED else 5  # unrecognized
+        if state != pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+            out["fabric_clique_id"] = int(info.cliqueId)
+            raw = bytes(info.clusterUuid)
+            out["fabric_cluster_uuid"] = str(uuid.UUID(bytes=raw)) if any(raw) else None
+            out["fabric_health_mask"] = int(getattr(info, "healthMask", 0)) if hasattr(info, "healthMask") else None
+        return out
+
     def _nvlink_sum(self, field: str, counters: tuple[int, ...]) -> int | None:
         total = 0
         for link in self.links:
@@ -212,12 +278,14 @@ class NvmlDevice:
         """fn(handle, *args), or None when the group is unsupported or the call failed transiently."""
         if group in self.unsupported:
             return None
+        self.call = fn.__name__
         try:
             return fn(self.handle, *args)
         except NVMLError as exc:
             return self._fault_or_none(exc, group, fn.__name__)
 
     def _fault_checked(self, group: str, fn: Callable, *args) -> Any:
+        self.call = fn.__name__
         try:
             return fn(*args)
         except NVMLError as exc:
@@ -234,7 +302,7 @@ class NvmlDevice:
             raise DeviceFaultError(DEVICE_FAULTS[code], code, call or group) from exc
         elif code in HOST_FAULTS:
             raise NvmlUnavailableError(f"GPU {self.index}: {group}: {error_name(code)}") from exc
-        elif group != "nvlink_state":
+        elif group != "nvlink_probe":
             self.errors[f"{group}:{error_name(code)}"] += 1
         return None
 

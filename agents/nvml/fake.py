@@ -6,6 +6,8 @@ import copy
 import ctypes
 import json
 import sys
+import threading
+import uuid
 from collections import Counter, deque
 from importlib import resources
 from pathlib import Path
@@ -67,6 +69,7 @@ class FakeNvml(FaultInjection):
         self._device_errors: dict[int, int] = {}
         self._library_error: int | None = None  # every call fails with this code (driver_down)
         self._function_errors: dict[tuple[int, str], int] = {}
+        self._hangs: dict[tuple[int, str], threading.Event] = {}  # calls that block until released
         self._event_sets: dict[int, tuple[Any, dict[int, int], deque]] = {}
 
     # -- library ---------------------------------------------------------------------------------------------
@@ -214,11 +217,56 @@ class FakeNvml(FaultInjection):
     def nvmlDeviceGetPcieReplayCounter(self, handle) -> int:
         return self._gpu(handle)["pcie_replay"]
 
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle) -> int:
+        return self._pcie(self._gpu(handle), "gen")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle) -> int:
+        return self._pcie(self._gpu(handle), "gen_max")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle) -> int:
+        return self._pcie(self._gpu(handle), "width")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle) -> int:
+        return self._pcie(self._gpu(handle), "width_max")
+
+    @staticmethod
+    def _pcie(g: dict, key: str) -> int:
+        if "pcie_link" not in g:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g["pcie_link"][key]
+
+    def nvmlDeviceGetRowRemapperHistogram(self, device):
+        g = self._gpu(device)
+        if "remap_histogram" not in g:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.c_nvmlRowRemapperHistogramValues(**g["remap_histogram"])
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device, gpuFabricInfo) -> int:
+        return self._fabric(self._gpu(device), gpuFabricInfo, versioned=True)
+
+    def nvmlDeviceGetGpuFabricInfo(self, device, gpuFabricInfo) -> int:
+        return self._fabric(self._gpu(device), gpuFabricInfo, versioned=False)
+
+    @staticmethod
+    def _fabric(g: dict, ref, *, versioned: bool) -> int:
+        """Fills the struct behind `ref` (ctypes.byref) as the driver does; the versioned call checks its version."""
+        if "fabric" not in g:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info, f = ref._obj, g["fabric"]
+        if versioned and info.version != pynvml.nvmlGpuFabricInfo_v2:
+            _raise(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.state, info.status, info.cliqueId = f["state"], f["status"], f["clique_id"]
+        info.clusterUuid[:] = list(uuid.UUID(f["cluster_uuid"]).bytes)
+        if versioned:
+            info.healthMask = f["health_mask"]
+        return pynvml.NVML_SUCCESS
+
     def nvmlDeviceGetNvLinkState(self, device, link: int) -> int:
         g = self._gpu(device)
         if not 0 <= link < g["nvlink"]["links"]:
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT if g["nvlink"]["links"] else pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return pynvml.NVML_FEATURE_ENABLED
+        down = link in g["nvlink"].get("inactive", ())
+        return pynvml.NVML_FEATURE_DISABLED if down else pynvml.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkErrorCounter(self, device, link: int, counter: int) -> int:
         g = self._gpu(device)
@@ -276,6 +324,8 @@ class FakeNvml(FaultInjection):
             index = None
         if index is None:
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self._hangs and (index, name) in self._hangs:
+            self._hangs[(index, name)].wait()
         code = self._device_errors.get(index) or self._function_errors.get((index, name))
         if code:
             _raise(code)

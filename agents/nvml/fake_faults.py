@@ -1,6 +1,9 @@
-"""Fault injection for FakeNvml: lost GPUs, ECC double-bit errors, throttling, row remaps, MIG, XID events."""
+"""Fault injection for FakeNvml: lost GPUs, ECC errors, throttling, row remaps, PCIe and NVLink links, the fabric, MIG,
+XID events."""
 
 from __future__ import annotations
+
+import threading
 
 import pynvml
 
@@ -31,6 +34,18 @@ class FaultInjection:
     def unsupported(self, index: int, *functions: str) -> None:
         for function in functions:
             self.fail(index, function, pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def hang(self, index: int, function: str) -> None:
+        """One pynvml function on one GPU blocks (a wedged GPU or driver: the call never returns) until `release`."""
+        if not hasattr(pynvml, function):
+            raise ValueError(f"pynvml has no function {function!r}")
+        self._hangs[(index, function)] = threading.Event()
+
+    def release(self) -> None:
+        """Every hung call returns (and no call hangs any more)."""
+        hangs, self._hangs = self._hangs, {}
+        for event in hangs.values():
+            event.set()
 
     def heal(self, index: int) -> None:
         """Undo every per-function failure injected on this GPU."""
@@ -81,6 +96,36 @@ class FaultInjection:
             rows["pending"] = 1
             self._emit(index, pynvml.nvmlEventTypeDramRetirementEvent, 0)
             self.xid(index, 63)
+
+    def corrected_errors(self, index: int, count: int) -> None:
+        """Corrected (single-bit) ECC errors: both counters grow, nothing else tells (DCGM issue 313's GPU)."""
+        ecc = self.gpus[index]["ecc"]
+        ecc["sbe_volatile"] += count
+        ecc["sbe_aggregate"] += count
+
+    def spend_spare_rows(self, index: int, banks: int, *, to: str = "none") -> None:
+        """`banks` memory banks move from 'max' (every spare row left) to level `to` of the remapper histogram."""
+        hist = self.gpus[index]["remap_histogram"]
+        moved = min(banks, hist["max"])
+        hist["max"] -= moved
+        hist[to] += moved
+
+    def pcie_train_down(self, index: int, *, width: int | None = None, gen: int | None = None) -> None:
+        """The GPU's PCIe link retrained at fewer lanes or a lower generation (a bad riser, slot or card edge)."""
+        link = self.gpus[index]["pcie_link"]
+        link["width"] = link["width"] if width is None else width
+        link["gen"] = link["gen"] if gen is None else gen
+
+    def nvlink_down(self, index: int, *links: int) -> None:
+        """NVLink links go inactive (every link when none is named), as after a failed training or a bad tray."""
+        nv = self.gpus[index]["nvlink"]
+        nv["inactive"] = sorted(set(nv.get("inactive", [])) | set(links or range(nv["links"])))
+
+    def fabric_failure(self, index: int, status: int = pynvml.NVML_ERROR_UNKNOWN, health_mask: int = 0) -> None:
+        """The GPU's fabric training completed with an error (Fabric Manager down or the NVSwitch tray failed)."""
+        fabric = self.gpus[index]["fabric"]
+        fabric["state"], fabric["status"] = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, status
+        fabric["health_mask"] = health_mask
 
     def throttle(self, index: int, reasons: int, *, temp_c: int | None = None, hbm_temp_c: int | None = None,
                  power_w: float | None = None, sm_clock_mhz: int | None = None) -> None:

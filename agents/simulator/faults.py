@@ -16,6 +16,8 @@ from agents.simulator.truth import truth_record
 from core.errors import ConfigError
 
 SURGE_SHARE = 0.97  # a power surge's default draw, as a share of the power limit
+# kinds that last until the host's repair (when they have no duration): the repair is what mends them
+REPAIRED = frozenset({*PORT_KINDS, "ssd_error", "ecc_flood", "pcie_downtrain", "nvlink_inactive", "fabric_down"})
 
 
 @dataclass
@@ -139,8 +141,9 @@ class FaultInjector:
             if (inj.started and not inj.ended and spec.kind == "host_down" and spec.duration is None
                     and not spec.whole_rack and inj.host == host):
                 inj.ended = True
-            # a repair reseats or replaces what a port fault names, resets the NIC, replaces the disk
-            if (inj.started and not inj.ended and spec.kind in (*PORT_KINDS, "ssd_error") and spec.duration is None
+            # a repair reseats or replaces what a port fault names, resets the NIC, replaces the disk; it reseats the
+            # GPU, trains its links again, restarts the Fabric Manager, replaces the failing memory
+            if (inj.started and not inj.ended and spec.kind in REPAIRED and spec.duration is None
                     and inj.host == host):
                 inj.ended = True
         self.rebooted.append(host)
@@ -195,6 +198,7 @@ class FaultInjector:
             elif kind == "row_remap_failure":
                 s.remapped_uncorrectable[g] += 1
                 s.row_remap_failure[g] = True
+                s.remap_banks_none[g] += 1  # the bank had no spare row left for it
                 out += self._log(g, ts, 64)
             elif kind == "gpu_lost":
                 out += self._log(g, ts, 79)
@@ -247,6 +251,15 @@ class FaultInjector:
             fx.crc_rate[g] += spec.rate_per_s
         elif kind == "pcie_replay":
             fx.pcie_rate[g] += spec.rate_per_s
+        elif kind == "ecc_flood":
+            fx.sbe_rate[g] += spec.rate_per_s
+        elif kind == "pcie_downtrain":
+            fx.pcie_width[g] = spec.width or 0
+            fx.pcie_gen[g] = spec.gen or 0
+        elif kind == "nvlink_inactive":
+            fx.nvlink_down[g] = np.maximum(fx.nvlink_down[g], spec.links)
+        elif kind == "fabric_down":
+            fx.fabric_failed[g] = True
         elif kind == "gpu_lost":
             fx.present[g] = False
         elif kind == "congestion":

@@ -30,6 +30,12 @@ class DeviceSpec:
     shutdown_temp_c: float = 92.0
     gpu_max_op_temp_c: float = 87.0
     hbm_max_op_temp_c: float = 95.0
+    # links and spare memory rows (an H100 80GB HBM3 on an HGX board, nvidia-smi -q: PCIe Gen5 x16, 18 NVLink links,
+    # 2560 banks in the row remapper's histogram; the H200's bank count is not published: the H100's is used)
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    nvlink_links: int = 18
+    remap_banks: int = 2560
 
 
 DEVICES = {

@@ -46,6 +46,11 @@ class Effects:
     port_rate: np.ndarray  # NaN = full rate; else the rate it runs at
     port_drops: np.ndarray  # links lost and retrained within this tick
     port_errors: np.ndarray  # mean physical-layer errors added within this tick
+    sbe_rate: np.ndarray  # corrected ECC errors added per second (a failing HBM stack)
+    pcie_width: np.ndarray  # 0 = the full width; else the lanes the link trained at
+    pcie_gen: np.ndarray  # 0 = the full generation; else the one it trained at
+    nvlink_down: np.ndarray  # NVLink links inactive (links 0..n-1)
+    fabric_failed: np.ndarray  # the GPU's fabric training failed (its Fabric Manager is down)
 
     @classmethod
     def healthy(cls, fleet: Fleet) -> Effects:
@@ -54,7 +59,8 @@ class Effects:
                    np.ones(n), np.ones(n, dtype=bool), np.full(n, np.nan), np.full(n, np.nan), np.ones(n),
                    np.zeros(n, dtype=bool), np.ones(hosts, dtype=bool), {}, np.zeros(hosts, dtype=bool),
                    np.zeros(ports, dtype=bool), np.full(ports, np.nan), np.zeros(ports, dtype=np.int64),
-                   np.zeros(ports))
+                   np.zeros(ports), np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                   np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool))
 
 
 class GpuState:
@@ -107,6 +113,11 @@ class GpuState:
         self.nvlink_crc = rng.poisson(5.0, n).astype(np.int64)
         self.nvlink_replay = rng.poisson(1.0, n).astype(np.int64)
         self.nvlink_recovery = np.zeros(n, dtype=np.int64)
+        self.remap_banks_none = np.zeros(n, dtype=np.int64)  # banks whose spare rows are spent
+        self.pcie_gen = np.full(n, spec.pcie_gen, dtype=np.int64)
+        self.pcie_width = np.full(n, spec.pcie_width, dtype=np.int64)
+        self.nvlink_mask = np.full(n, (1 << spec.nvlink_links) - 1, dtype=np.int64)
+        self.fabric_status = np.full(n, 3, dtype=np.int64)  # DCGM's numbering: 3 success, 4 failure
         self.last_xid = np.full(n, -1, dtype=np.int64)  # -1 = none since driver load
         self.recovery_action = np.zeros(n, dtype=np.int64)
         self.present = np.ones(n, dtype=bool)
@@ -126,6 +137,8 @@ class GpuState:
             self.row_remap_failure[g] = False
             self.remapped_uncorrectable[g] = 0
             self.ecc_dbe_aggregate[g] = 0
+            self.ecc_sbe_aggregate[g] = 0
+            self.remap_banks_none[g] = 0
 
     def job_running(self, present: np.ndarray) -> np.ndarray:
         """Per GPU: its job is running (a job with a lost GPU has crashed, so all its GPUs go idle)."""
@@ -182,10 +195,20 @@ class GpuState:
                          | np.where(sw, SW_THERMAL, 0) | np.where(hw, HW_THERMAL | HW_SLOWDOWN, 0))
         self.energy_mj += np.rint(self.power * dt * 1000.0).astype(np.int64)
         self._count_errors(dt, fx)
+        self._links(fx)
+
+    def _links(self, fx: Effects) -> None:
+        """PCIe width and generation, active NVLink links and the fabric's status, as this tick's faults leave them."""
+        spec = self.fleet.device
+        self.pcie_width = np.where(fx.pcie_width > 0, fx.pcie_width, spec.pcie_width)
+        self.pcie_gen = np.where(fx.pcie_gen > 0, fx.pcie_gen, spec.pcie_gen)
+        full = (1 << spec.nvlink_links) - 1
+        self.nvlink_mask = full & ~((1 << np.minimum(fx.nvlink_down, spec.nvlink_links)) - 1)
+        self.fabric_status = np.where(fx.fabric_failed, 4, 3)
 
     def _count_errors(self, dt: float, fx: Effects) -> None:
         rng, n = self.rng, self.fleet.n_gpus
-        sbe = rng.poisson(SBE_RATE * dt, n)
+        sbe = rng.poisson((SBE_RATE + fx.sbe_rate) * dt)
         self.ecc_sbe_volatile += sbe
         self.ecc_sbe_aggregate += sbe
         self.pcie_replay += rng.poisson((PCIE_RATE + fx.pcie_rate) * dt)

@@ -96,6 +96,45 @@ class PcieReplay(_Fault):
     rate_per_s: float = Field(default=5.0, gt=0, le=1e6, description="mean PCIe replays added per second")
 
 
+class EccFlood(_Fault):
+    """Corrected ECC errors pour in (a failing HBM stack) while NVML and DCGM still call the GPU healthy: DCGM issue
+    313's GB200 counted 54.7 billion, rising ~17,700 a second."""
+
+    kind: Literal["ecc_flood"]
+    rate_per_s: float = Field(default=17_700.0, gt=0, le=1e7, description="mean corrected errors added per second")
+
+
+class PcieDowntrain(_Fault):
+    """The GPU's PCIe link runs at fewer lanes or a lower generation than its slot allows (a riser, slot or card
+    edge), with no Xid: NVSentinel issue 890."""
+
+    kind: Literal["pcie_downtrain"]
+    width: int | None = Field(default=8, ge=1, le=15, description="lanes meanwhile (full: 16); null = full width")
+    gen: int | None = Field(default=None, ge=1, le=4, description="generation meanwhile (full: 5); null = full")
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.width is None and self.gen is None:
+            raise ValueError("give width or gen (or both): a link at full width and generation is no fault")
+        return self
+
+
+class NvlinkInactive(_Fault):
+    """NVLink links of the GPU go inactive (a failed training, a bad NVSwitch tray or cable cartridge); links 0..n-1
+    of its 18. gpud issue 1085: all links inactive and the GPU still reported healthy."""
+
+    kind: Literal["nvlink_inactive"]
+    links: int = Field(default=18, ge=1, le=18, description="how many links go inactive")
+
+
+class FabricDown(_Fault):
+    """The GPU's fabric training fails (the host's Fabric Manager is down: NVSentinel issues 883/889, down 20 days
+    unnoticed): NVML reports the fabric completed with an error; new CUDA jobs cannot start. Every GPU of the host
+    unless `gpu` names one."""
+
+    kind: Literal["fabric_down"]
+
+
 class GpuLost(_Fault):
     kind: Literal["gpu_lost"]
 
@@ -241,6 +280,7 @@ class PowerSurge(_Fault):
 
 FaultSpec = Annotated[
     Union[XidFault, ThermalRunaway, PowerCap, SlowRank, EccDbe, RowRemapFailure, NvlinkCrc, PcieReplay, GpuLost,
+          EccFlood, PcieDowntrain, NvlinkInactive, FabricDown,
           Congestion, SensorFlap, HostDown, JobCrash, PowerSurge, MonitorBroken, LinkFlap, LinkDown, LinkDegraded,
           NicDown, SsdError, MachineCheck, FsShutdown, CableError, CableAbsent],
     Field(discriminator="kind"),
@@ -249,7 +289,7 @@ FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultSpec)
 KINDS = ("xid", "thermal_runaway", "power_cap", "slow_rank", "ecc_dbe", "row_remap_failure", "nvlink_crc",
          "pcie_replay", "gpu_lost", "congestion", "sensor_flap", "host_down", "job_crash", "power_surge",
          "monitor_broken", "link_flap", "link_down", "link_degraded", "nic_down", "ssd_error", "machine_check",
-         "fs_shutdown", "cable_error", "cable_absent")
+         "fs_shutdown", "cable_error", "cable_absent", "ecc_flood", "pcie_downtrain", "nvlink_inactive", "fabric_down")
 PORT_KINDS = frozenset({"link_flap", "link_down", "link_degraded", "nic_down", "cable_error", "cable_absent"})
 HOST_LOG_KINDS = frozenset({"nic_down", "ssd_error", "machine_check", "fs_shutdown", "cable_error", "cable_absent"})
 # generated ones get no random GPU

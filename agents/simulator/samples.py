@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 
 from agents.simulator.fleet import GPUS_PER_HOST, Fleet
@@ -53,10 +55,26 @@ def _columns(fleet: Fleet, s: GpuState) -> dict[str, list]:
         "remapped_rows_uncorrectable": s.remapped_uncorrectable.tolist(),
         "row_remap_pending": s.row_remap_pending.tolist(),
         "row_remap_failure": s.row_remap_failure.tolist(),
+        "remap_banks_max": (spec.remap_banks - s.remap_banks_none).tolist(),
+        "remap_banks_high": const(0),
+        "remap_banks_partial": const(0),
+        "remap_banks_low": const(0),
+        "remap_banks_none": s.remap_banks_none.tolist(),
         "pcie_replay_count": s.pcie_replay.tolist(),
+        "pcie_link_gen": s.pcie_gen.tolist(),
+        "pcie_link_gen_max": const(spec.pcie_gen),
+        "pcie_link_width": s.pcie_width.tolist(),
+        "pcie_link_width_max": const(spec.pcie_width),
         "nvlink_crc_errors": s.nvlink_crc.tolist(),
         "nvlink_replay_errors": s.nvlink_replay.tolist(),
         "nvlink_recovery_errors": s.nvlink_recovery.tolist(),
+        "nvlink_links": const(spec.nvlink_links),
+        "nvlink_active_mask": s.nvlink_mask.tolist(),
+        # an HGX board is its own NVLink domain: one clique per host, one fabric cluster per simulated cluster
+        "fabric_status": s.fabric_status.tolist(),
+        "fabric_clique_id": np.repeat(np.arange(1, fleet.n_hosts + 1), GPUS_PER_HOST).tolist(),
+        "fabric_cluster_uuid": const(str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{fleet.cluster}.fleetpulse"))),
+        "fabric_health_mask": const(0),
         "last_xid": [None if x < 0 else x for x in s.last_xid.tolist()],
         "recovery_action": s.recovery_action.tolist(),
     }

@@ -48,6 +48,13 @@ EXPECTED = {
     "fs_shutdown": ["fault:fs_error", "fault:fs_readonly", "bin:reboot", "drain"],
     "cable_error": ["fault:mlx5_module_error", "bin:inspect", "drain"],
     "cable_absent": [],
+    # Faults with no Xid, seen in the GPU's own readings (streams/fault_bins/gpu_links.py, counters.py): a corrected-error
+    # flood (reset, then replace if it floods again), a PCIe link trained down (a person reseats it), NVLink links gone
+    # inactive (a reset trains them again), a fabric that failed to train (restart the Fabric Manager: a reboot).
+    "ecc_flood": ["fault:ecc_sbe_flood", "bin:reset", "drain"],
+    "pcie_downtrain": ["fault:pcie_downtrained", "bin:inspect", "drain"],
+    "nvlink_inactive": ["fault:nvlink_down", "bin:reset", "drain"],
+    "fabric_down": ["fault:fabric_failed", "bin:reboot", "drain"],
 }
 # Port rules' defaults (streams/fault_bins/config.py) against the simulator's port samples at every multiple of
 # NET_EVERY_S (30 s, for intervals that divide it): a link seen down from one sample to one link_down_s (60 s) later,
@@ -55,6 +62,12 @@ EXPECTED = {
 # 5 min (a flapping link's, from its first drop to its last). A port fault from t = 0 is in the first sample, which
 # the rules take as the port's baseline (never seen ACTIVE, its full rate unseen, its drop already counted).
 FLAP_LIMIT, FLAP_WINDOW_S = 3, 3600.0
+# The GPU link rules' defaults (streams/fault_bins/config.py): a link below its width or generation, or NVLink links
+# inactive, in every sample for GPU_LINK_DEGRADED_S; a generation drop counts only on a busy GPU (one running a job).
+# Corrected errors flood at more than ECC_SBE_PER_S over ECC_SBE_WINDOW_S: a flood at twice that rate lasting the
+# window and two samples more is one, one at half of it or less is none; between, Poisson noise decides.
+GPU_LINK_DEGRADED_S = 60.0
+ECC_SBE_PER_S, ECC_SBE_WINDOW_S = 10.0, 60.0
 LINK_DOWN_S = DEGRADED_S = 60.0
 PHY_ERRORS_PER_WINDOW, PHY_WINDOW_S = 50.0, 300.0
 RACK_DOWN = ["alert:RackSilent"]  # a whole rack silent at once: one alert for the rack, no host fault, no drain
@@ -121,19 +134,20 @@ def stalls_job(spec, fleet: Fleet, job: str | None, down: Sequence[int] = ()) ->
 
 
 def expected_tokens(spec, fleet: Fleet, ranked: bool, stalled: bool = False,
-                    interval: float = 10.0) -> tuple[list[str], bool]:
+                    interval: float = 10.0, busy: bool = True) -> tuple[list[str], bool]:
     """(expected tokens, hardware) the kind and its parameters imply, before the scenario's overrides.
 
     `ranked`: the GPU runs a job and the run publishes NCCL records, without which no straggler can be seen.
     `stalled`: the fault stops a job's NCCL records while its hosts report on (stalls_job), in a run with NCCL.
+    `busy`: the GPU runs a job (a PCIe generation below the maximum counts only then).
     """
-    tokens, hardware = _tokens(spec, fleet, ranked, interval)
+    tokens, hardware = _tokens(spec, fleet, ranked, interval, busy)
     if stalled:
         tokens.append(JOB_STALLED)
     return tokens, hardware
 
 
-def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str], bool]:
+def _tokens(spec, fleet: Fleet, ranked: bool, interval: float, busy: bool = True) -> tuple[list[str], bool]:
     if spec.kind == "xid":
         tokens, bin_ = [f"fault:xid:{spec.code}"], xid.EXPECTED_BIN.get(spec.code)
         if bin_ is not None:
@@ -153,6 +167,8 @@ def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str
         keep = [t for t in EXPECTED["nic_down"] if t not in ("fault:ib_link_down", "bin:inspect")]
         keep = [t for t in keep if spec.at > 0 or t != "fault:ib_link_flap"]
         return [*keep[:-1], "bin:reboot", keep[-1]], True
+    if spec.kind in GPU_LINK_KINDS:
+        return (list(EXPECTED[spec.kind]) if gpu_link_outcome(spec, interval, busy) == "fault" else []), True
     slow = spec.kind != "slow_rank" or straggler_outcome(spec) == "straggler"
     tokens = [t for t in EXPECTED[spec.kind] if (ranked and slow) or t != "straggler"]
     if spec.kind in SLOWS_RANK and ranked and lasts(spec, STRAGGLER_MIN_S):
@@ -164,6 +180,30 @@ def _tokens(spec, fleet: Fleet, ranked: bool, interval: float) -> tuple[list[str
         if flap_outcome(spec, interval) == "drain":
             tokens.append("drain")
     return tokens, spec.kind not in NOT_HARDWARE
+
+
+GPU_LINK_KINDS = frozenset({"ecc_flood", "pcie_downtrain", "nvlink_inactive", "fabric_down"})
+
+
+def gpu_link_outcome(spec, interval: float, busy: bool = True) -> str:
+    """What a fault of the GPU's own readings must raise: "fault", "nothing", or "either" (an ECC flood near the rule's
+    rate, where Poisson noise decides). Samples fall every `interval` s from t = 0."""
+    first = math.ceil(spec.at / interval) * interval  # the first sample that shows it
+
+    def shown_for(seconds: float) -> bool:  # a sample `seconds` after the first still inside the fault
+        return first + math.ceil(seconds / interval) * interval < spec.end
+
+    if spec.kind == "fabric_down":
+        return "fault" if shown_for(0) else "nothing"
+    if spec.kind == "ecc_flood":
+        if spec.rate_per_s <= ECC_SBE_PER_S / 2 or not shown_for(0):
+            return "nothing"
+        return "fault" if spec.rate_per_s >= 2 * ECC_SBE_PER_S and shown_for(ECC_SBE_WINDOW_S + interval) else "either"
+    if spec.kind == "pcie_downtrain" and spec.width is None and not busy:
+        return "nothing"  # a generation below the maximum on an idle GPU is power saving
+    if spec.kind == "nvlink_inactive" and spec.at == 0 and spec.gpu is None:
+        return "nothing"  # every GPU of the host without its links from the start: nothing shows what they should be
+    return "fault" if shown_for(GPU_LINK_DEGRADED_S) else "nothing"
 
 
 def power_limit_reduced(spec, fleet: Fleet) -> bool:
@@ -255,7 +295,7 @@ def truth_record(*, run_id: str, number: int, spec, fleet: Fleet, host: int, gpu
     `down`: the hosts a host_down takes away (the target, or its whole rack); `interval`: between samples."""
     ranked = nccl and job is not None
     expected, hardware = expected_tokens(spec, fleet, ranked, stalled=nccl and stalls_job(spec, fleet, job, down),
-                                         interval=interval)
+                                         interval=interval, busy=job is not None)
     params = {k: float(v) for k, v in spec.model_dump(exclude=COMMON_FIELDS).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {
@@ -290,4 +330,6 @@ def allowed_tokens(spec, fleet: Fleet, ranked: bool, interval: float = 10.0) -> 
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c \
             and flap_outcome(spec, interval) == "either":
         return ["drain"]
+    if spec.kind == "ecc_flood" and gpu_link_outcome(spec, interval) == "either":
+        return list(EXPECTED["ecc_flood"])
     return []

@@ -21,8 +21,9 @@ class FaultBinConfig(BaseModel):
     repeat_n: int = Field(default=3, ge=2, le=100)
     repeat_window_s: float = Field(default=DAY_S, gt=0)
     # Xid 48 / a new DBE: the reset that follows remaps the row, so a second DBE on the same GPU within the window
-    # means remapping does not contain it (the catalog's WORKFLOW_XID_48 ends in the RMA flow).
-    repeat_n_by_code: dict[str, int] = Field(default_factory=lambda: {"xid:48": 2, "ecc_dbe": 2})
+    # means remapping does not contain it (the catalog's WORKFLOW_XID_48 ends in the RMA flow); a second flood of
+    # corrected errors after the reset likewise.
+    repeat_n_by_code: dict[str, int] = Field(default_factory=lambda: {"xid:48": 2, "ecc_dbe": 2, "ecc_sbe_flood": 2})
     # Lines of one incident (a burst of the same Xid within a minute) count as one repeat, not N.
     incident_gap_s: float = Field(default=60.0, ge=0)
     # A GPU that has a fatal fault again after K reboots that each followed a fatal fault -> replace. 2 lets a
@@ -40,6 +41,15 @@ class FaultBinConfig(BaseModel):
     # is already worth a look (inspect), well above a healthy link's near-zero background.
     nvlink_crc_per_s: float = Field(default=10.0, gt=0)
     nvlink_crc_window_s: float = Field(default=10.0, gt=0)
+    # Corrected (single-bit) ECC errors: a healthy HBM stack counts a handful a day; thousands a second is a memory
+    # failing while DCGM still calls the GPU healthy (DCGM issue 313). fleetpulse's default: 10/s over a minute.
+    ecc_sbe_per_s: float = Field(default=10.0, gt=0)
+    ecc_sbe_window_s: float = Field(default=60.0, gt=0)
+    # A GPU's PCIe link below the lanes (always) or generation (while busy: an idle GPU may slow its link to save
+    # power) its slot allows, or fewer NVLink links active than the GPU or its host's peers had, in every sample for
+    # this long: degraded. A fabric that stops being trained for this long after it was is down.
+    gpu_link_degraded_s: float = Field(default=60.0, ge=0, le=DAY_S)
+    pcie_busy_util_pct: float = Field(default=50.0, ge=0, le=100)
     # NVLink recovery (link retrain) errors: DCGM treats any as critical (DCGM_LIMIT_MAX_NVLINK_ERROR 1).
     nvlink_recovery_max: int = Field(default=0, ge=0, description="recoveries tolerated per window")
     nvlink_recovery_window_s: float = Field(default=60.0, gt=0)
@@ -93,6 +103,17 @@ def rule_table(c: FaultBinConfig) -> list[tuple[str, str, str]]:
         ("counter_nvlink_crc", "nvlink_crc: CRC errors " + rate.format(
             f"{c.nvlink_crc_per_s * c.nvlink_crc_window_s:g}", c.nvlink_crc_window_s) + " -> inspect",
          f"nvlink_crc_per_s={c.nvlink_crc_per_s:g}, nvlink_crc_window_s={c.nvlink_crc_window_s:g}"),
+        ("counter_ecc_sbe_flood", "ecc_sbe_flood: corrected ECC errors " + rate.format(
+            f"{c.ecc_sbe_per_s * c.ecc_sbe_window_s:g}", c.ecc_sbe_window_s) + " -> reset (repeat -> replace)",
+         f"ecc_sbe_per_s={c.ecc_sbe_per_s:g}, ecc_sbe_window_s={c.ecc_sbe_window_s:g}"),
+        ("pcie_downtrained", "a GPU's PCIe link below its maximum width (or generation while the GPU is busy) in "
+         "every sample for a while -> inspect",
+         f"gpu_link_degraded_s={c.gpu_link_degraded_s:g}, pcie_busy_util_pct={c.pcie_busy_util_pct:g}"),
+        ("nvlink_down", "fewer NVLink links active than the GPU had, or than its host's other GPUs have, for a while "
+         "-> reset (repeat -> replace)", f"gpu_link_degraded_s={c.gpu_link_degraded_s:g}"),
+        ("fabric_failed", "the GPU's fabric training failed, its health mask names a fault or the Fabric Manager "
+         "disconnected, or a trained fabric stays untrained for a while -> reboot (restart the Fabric Manager)",
+         f"gpu_link_degraded_s={c.gpu_link_degraded_s:g}"),
         ("counter_nvlink_recovery", "nvlink_recovery: recovery errors " + rate.format(
             c.nvlink_recovery_max, c.nvlink_recovery_window_s) + " -> reset",
          f"nvlink_recovery_max={c.nvlink_recovery_max}, nvlink_recovery_window_s={c.nvlink_recovery_window_s:g}"),

@@ -1,4 +1,5 @@
-"""Faults without an XID, from each GPU's counters against its previous sample: DBE, row remap, rates, lost GPUs."""
+"""Faults without an XID, from each GPU's counters against its previous sample: DBE, row remap, rates, lost GPUs, and
+(gpu_links.py) its PCIe, NVLink and fabric links."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from operator import itemgetter
 from schemas.analytics import FaultBin
 from schemas.limits import MAX_GPUS
 from streams.fault_bins.config import FaultBinConfig
+from streams.fault_bins.gpu_links import link_findings
 from streams.fault_bins.host_state import Finding, GpuMemo, HostState, norm_pci
 
 # The GpuReading fields the rules remember, in GpuMemo.last order.
@@ -15,14 +17,16 @@ FIELDS = ("ecc_dbe_volatile", "ecc_dbe_aggregate", "pcie_replay_count", "nvlink_
           "nvlink_recovery_errors", "row_remap_pending", "row_remap_failure", "energy_mj", "ecc_sbe_volatile")
 DBE_V, DBE_A, PCIE, CRC, RECOVERY, PENDING, FAILURE, ENERGY, SBE_V = range(len(FIELDS))
 SINCE_LOAD = (ENERGY, SBE_V, DBE_V)  # counters that only a reboot, reset or driver reload sets back
-ERRORS = slice(DBE_V, ENERGY)  # fields whose change may be a fault; energy and SBE change on every healthy sample
+ERRORS = slice(DBE_V, ENERGY)  # fields whose change may be a fault; energy changes on every sample, SBE often
 _READ = itemgetter(*FIELDS)
 _KEYS = [str(i) for i in range(MAX_GPUS)]  # GpuMemo keys by GPU index
 
 
 @dataclass(frozen=True)
 class RateRule:
-    """More than per_s x window_s increments of `field` within one window of `window_s` seconds -> `bin`."""
+    """More than per_s x window_s increments of `field` within one window of `window_s` seconds -> `bin`. An
+    `episode` rule reports a flood that goes on as one incident: it is told again only after two windows without one
+    (or after a reset), so a flood that outlasts the drain is not a repeat of itself."""
 
     code: str
     col: int
@@ -31,6 +35,7 @@ class RateRule:
     bin: str
     action: str
     what: str
+    episode: bool = False
 
 
 def rate_rules(c: FaultBinConfig) -> tuple[RateRule, ...]:
@@ -39,6 +44,9 @@ def rate_rules(c: FaultBinConfig) -> tuple[RateRule, ...]:
                  "CHECK_MECHANICALS", "PCIe replays (link retries: reseat the card, check riser and slot)"),
         RateRule("nvlink_crc", CRC, c.nvlink_crc_per_s, c.nvlink_crc_window_s, FaultBin.INSPECT.value,
                  "INVESTIGATE_LINK_SI", "NVLink CRC errors (link signal integrity)"),
+        RateRule("ecc_sbe_flood", SBE_V, c.ecc_sbe_per_s, c.ecc_sbe_window_s, FaultBin.RESET.value, "RESET_GPU",
+                 "corrected ECC errors (the GPU's memory is failing while every health check still passes; a reset "
+                 "remaps the rows that fail, a flood after it is a card to replace)", episode=True),
         RateRule("nvlink_recovery", RECOVERY, c.nvlink_recovery_max / c.nvlink_recovery_window_s,
                  c.nvlink_recovery_window_s, FaultBin.RESET.value, "WORKFLOW_NVLINK_ERR",
                  "NVLink recovery errors (links retrained; reset the GPU to clear, as for Xid 74)"),
@@ -99,6 +107,11 @@ def _compare(key: str, g: dict, memo: GpuMemo, cur: list, ts: float, rules, host
         limit = rule.per_s * max(span, rule.window_s)  # readings further apart than a window: the rate over them
         if grew > limit:
             memo.refs[rule.code] = [ts, now]  # the next occurrence needs another `limit` on top
+            if rule.episode:
+                going = memo.ep.get(rule.code)
+                memo.ep[rule.code] = [going[0] if going else ts, (going[1] if going else 0) + 1, ts]
+                if going and ts - going[2] <= 2 * rule.window_s:
+                    continue  # the same flood, still pouring in
             out.append(_finding(key, g, rule.code, rule.bin, f"counter_{rule.code}", rule.action, 1,
                                 f"{where}: {grew:g} {rule.what} in {span:.1f} s, over the limit of {limit:g} "
                                 f"({rule.per_s * 60:g}/min over at least {rule.window_s:g} s)",
@@ -134,7 +147,19 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
         driver_changed = f"driver version changed from {st.driver} to {driver}"
     if driver is not None and driver != st.driver:
         st.driver, st.dirty = driver, True
-    gpus = st.gpus
+    gpus, most_links = st.gpus, None
+
+    def peers(links: int) -> int:
+        """The most NVLink links active on a GPU of this sample that has `links` links (computed once, if asked)."""
+        nonlocal most_links
+        if most_links is None:
+            most_links = {}
+            for p in s["gpus"]:
+                n, m = p.get("nvlink_links"), p.get("nvlink_active_mask")
+                if n and m is not None:
+                    most_links[n] = max(most_links.get(n, 0), m.bit_count())
+        return most_links.get(links, 0)
+
     for g in s["gpus"]:
         key = _KEYS[g["index"]]
         present.add(key)
@@ -151,10 +176,13 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
         elif last and (driver_changed or _maybe_back(last, cur)) and (sign := _reboot_sign(memo, cur, driver_changed)):
             memo.rebooted(ts, sign, config)
             st.dirty = True
-        if not last or memo.miss or cur[ERRORS] != last[ERRORS]:
+        if not last or memo.miss or cur[ERRORS] != last[ERRORS] or cur[SBE_V] != last[SBE_V]:
             st.dirty = True
             out += _compare(key, g, memo, cur, ts, rules, host) if last else \
                 _flags(key, g, None, None, cur, f"{host} GPU {key}")
+        found, changed = link_findings(key, g, memo, ts, host, config, peers)
+        out += found
+        st.dirty = st.dirty or changed
         memo.uuid, memo.pci, memo.ts, memo.last = uuid, norm_pci(g.get("pci_bus_id")), ts, cur
         if memo.miss:  # lost and missing_since are set only while samples miss the GPU
             memo.miss, memo.missing_since, memo.lost = 0, None, False

@@ -67,9 +67,14 @@ class GpuMemo:
     hist: dict[str, list[float]] = field(default_factory=dict)  # fault code -> incident times in the repeat window
     reboots: list[list] = field(default_factory=list)  # [ts, how it was seen] of reboots that followed a fatal fault
     fatal: bool = False  # a reset/reboot-bin fault since the last reboot
+    ep: dict[str, list] = field(default_factory=dict)  # link episode (gpu_links.py) -> [since ts, samples, told]
+    links: int = 0  # the most NVLink links seen active at once since the GPU was (re)started
+    fabric_ok: bool = False  # its fabric was seen trained (success) since it was (re)started
 
     def rebooted(self, ts: float, how: str, config: FaultBinConfig) -> None:
-        """A reboot (or reset) of this GPU was seen; it counts toward escalation only if a fatal fault preceded it."""
+        """A reboot (or reset) of this GPU was seen; it counts toward escalation only if a fatal fault preceded it.
+        Links train again after it: what they ran at before and the episodes told are forgotten."""
+        self.ep, self.links, self.fabric_ok = {}, 0, False
         if self.fatal:
             self.reboots = [r for r in self.reboots if ts - r[0] < config.reboots_window_s][-2 * config.reboots_k:]
             self.reboots.append([ts, how])
@@ -77,13 +82,15 @@ class GpuMemo:
 
     def to_json(self) -> dict:
         return {"u": self.uuid, "p": self.pci, "t": self.ts, "l": self.last, "m": self.miss, "ms": self.missing_since,
-                "lo": self.lost, "r": self.refs, "h": self.hist, "b": self.reboots, "f": self.fatal}
+                "lo": self.lost, "r": self.refs, "h": self.hist, "b": self.reboots, "f": self.fatal, "e": self.ep,
+                "nl": self.links, "fo": self.fabric_ok}
 
     @classmethod
     def from_json(cls, raw: dict) -> GpuMemo:
         return cls(raw["u"], raw["p"], raw["t"], list(raw["l"]), raw["m"], raw["ms"], raw["lo"],
                    {k: list(v) for k, v in raw["r"].items()}, {k: list(v) for k, v in raw["h"].items()},
-                   [list(r) for r in raw["b"]], raw["f"])
+                   [list(r) for r in raw["b"]], raw["f"], {k: list(v) for k, v in raw.get("e", {}).items()},
+                   raw.get("nl", 0), raw.get("fo", False))  # .get: states written before these fields
 
 
 @dataclass

@@ -118,6 +118,27 @@ async def test_status_at_start_when_nvml_fails_when_it_recovers_and_a_goodbye_at
     assert runner.status_sent == len(statuses) and runner.publish_errors == 0
 
 
+async def test_a_poll_that_hangs_is_a_stalled_collector_named_in_the_status_with_the_call_it_hangs_in():
+    nvml, pub, stop = FakeNvml(), Recorder(), asyncio.Event()
+    runner = AgentRunner(settings(agent_collectors="nvml", agent_poll_stall_s=0.3), publisher=pub, nvml=nvml)
+    task = await started(runner, stop)
+    await until(lambda: runner.states["nvml"].polls >= 2, "two polls")
+    nvml.hang(3, "nvmlDeviceGetRemappedRows")  # a degrading GPU wedges the driver call: no error, no answer
+    await until(lambda: "nvml" in pub.statuses()[-1].failing, "a status naming the stalled collector")
+    said = pub.statuses()[-1].failing["nvml"]
+    assert said == ("stalled: nvml poll has not returned in 0.3 s (in GPU 3: nvmlDeviceGetRemappedRows): a call "
+                    "into the driver or exporter hangs")
+    samples = sum(name == SAMPLES.name for name, _ in pub.records)
+    await asyncio.sleep(0.3)
+    assert sum(name == SAMPLES.name for name, _ in pub.records) == samples  # no samples meanwhile: status only
+    nvml.release()
+    await until(lambda: pub.statuses()[-1].failing == {}, "the stall over")
+    await until(lambda: sum(name == SAMPLES.name for name, _ in pub.records) >= samples + 2, "samples again")
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert runner.states["nvml"].errors == 0  # a stall that ends is no failed poll
+
+
 async def test_a_status_every_period_while_nothing_changes():
     pub, stop = Recorder(), asyncio.Event()
     runner = AgentRunner(settings(agent_status_every_s=0.1), publisher=pub, nvml=FakeNvml())

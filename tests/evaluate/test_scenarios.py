@@ -131,6 +131,23 @@ async def test_the_host_s_own_kernel_lines_drain_what_they_must_and_a_port_never
     assert d["no_drain_faults"] == 2 and d["no_drain_drained"] == 0, d
 
 
+async def test_faults_with_no_xid_drain_what_they_must_and_a_stalled_collector_or_a_power_saving_link_nothing(
+        settings_env):
+    """A corrected-ECC flood, PCIe links trained down (width; generation under load), a GPU's NVLink links gone and a
+    Fabric Manager down, each seen only in the GPU's readings, drain their host; a stalled collector is
+    MonitorBroken; an idle GPU's slower link, a host with nothing to compare its links with and a trickle of
+    corrected errors drain nothing."""
+    r = await evaluate("gpu-links")
+    landed_in_full(r)
+    for kind in ("ecc_flood", "pcie_downtrain", "nvlink_inactive", "fabric_down", "monitor_broken"):
+        k = r["fault_kinds"][kind]
+        assert (k["recall"], k["precision"]) == (1.0, 1.0), (kind, k)
+    assert r["fault_kinds"]["fabric_down"]["drain"]["requested"] == 1  # 8 GPUs' faults: one host, one drain
+    d = r["drains"]
+    assert d["requested"] == d["true"] == d["hardware_expected"] == 5 and d["false"] == 0, d
+    assert d["no_drain_faults"] == 4 and d["no_drain_drained"] == 0, d
+
+
 async def test_flapping_sensor_changes_node_state_at_most_once_per_dwell(settings_env):
     r = await evaluate("flapping")
     landed_in_full(r)
