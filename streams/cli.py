@@ -284,16 +284,35 @@ def _run_worker(args: argparse.Namespace, settings, app: faust.App, loop: asynci
         worker.spinner = None  # its terminal escape codes would only litter captured logs
     worker.peers = children
     app.recovery_watchdog = loop.create_task(_watch_recovery())  # runs once the worker runs the loop
+    code = 0
     try:
         worker.execute_from_commandline()  # installs SIGINT/SIGTERM handlers: stop, commit, close the loop
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        return code or (1 if lost or gave_up else 0)
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
-    return 1 if lost or gave_up else 0
+    code = code or (1 if lost or gave_up else 0)
+    _leave_lingering_threads(code)
+    return code
+
+
+def _leave_lingering_threads(code: int, grace_s: float = 5.0) -> None:
+    """faust's stop is done (outputs flushed, offsets committed, the loop closed), but a consumer thread told to stop
+    in the middle of a group join finishes the join first and may never return: the interpreter would wait for it at
+    exit for ever (the worker seen ignoring SIGTERM). Threads get `grace_s`; then the process leaves without them."""
+    deadline = time.monotonic() + grace_s
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join(max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon
+             and t.is_alive()]
+    if alive:
+        log.warning("stopped; %d thread(s) still running %.0f s after the stop (%s): leaving without them", len(alive),
+                    grace_s, ", ".join(alive))
+        logging.shutdown()
+        os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
