@@ -86,7 +86,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_PCIE_LINK_WIDTH": ("pcie_link_width", "int_small"),
     "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": ("pcie_link_width_max", "int_small"),
     **{f"DCGM_FI_DEV_{name}_{level.upper()}": (f"remap_banks_{level}", "int_small")  # fields 385-389, both names
-       for name in ("BANKS_REMAP_ROWS_AVAIL", "BANK_REMAP_AVAIL") for level in ("max", "high", "partial", "low", "none")},
+       for name in ("BANKS_REMAP_ROWS_AVAIL", "BANK_REMAP_AVAIL")
+       for level in ("max", "high", "partial", "low", "none")},
     "DCGM_FI_DEV_FABRIC_MANAGER_STATUS": ("fabric_status", "int_small"),  # fields 170, 173, 174 (172, the cluster
     "DCGM_FI_DEV_FABRIC_CLIQUE_ID": ("fabric_clique_id", "int"),  # UUID, is a string: no metric carries it)
     "DCGM_FI_DEV_FABRIC_HEALTH_MASK": ("fabric_health_mask", "int_small"),

@@ -96,8 +96,14 @@ TIMES = {"fault_to_drain_requested": "toFloat64(drain_at) - fault_ts",
          "drain_requested_to_repaired": "toFloat64(validating_at) - toFloat64(drain_at)",
          "validating_to_returned": "toFloat64(returned_at) - toFloat64(validating_at)"}
 
-DRAINS = """SELECT uniqExact(event_id) AS requested, uniqExact(host) AS hosts FROM drain_events
-WHERE action = 'drain' AND {events_ts}"""
+# What each drain request estimated it put at stake (streams/lifecycle/cost.py), once per request however often sent.
+DRAINS = """SELECT count() AS requested, uniqExact(host) AS hosts, sum(at_stake) AS gpu_hours_at_stake,
+       sum(at_stake_job) AS gpu_hours_at_stake_jobs, countIf(stops) AS stopped_jobs,
+       countIf(mode = 'after_jobs') AS after_jobs
+FROM (SELECT event_id, any(host) AS host, any(toFloat64OrZero(evidence['cost.gpu_hours'])) AS at_stake,
+             any(toFloat64OrZero(evidence['cost.gpu_hours_job'])) AS at_stake_job,
+             any(toUInt32OrZero(evidence['cost.ranks_stopped']) > 0) AS stops, any(evidence['mode']) AS mode
+      FROM drain_events WHERE action = 'drain' AND {events_ts} GROUP BY event_id)"""
 
 # Returns count when they happen in the range, whenever their drain began.
 RETURNS = """SELECT count() AS returned FROM node_episodes WHERE {events_returned_at}"""
@@ -265,6 +271,9 @@ def figures(ask: Ask, rng: Range) -> dict:
                           "ignored": sum(r["interruptions"] for r in bins if r["bin"] == "ignore"),
                           "hours": round(rng.hours, 2), "by_bin_and_cause": bins},
         "drains": {"requested": int(drains["requested"]), "hosts": int(drains["hosts"]),
+                   "gpu_hours_at_stake": round(float(drains["gpu_hours_at_stake"] or 0.0), 1),
+                   "gpu_hours_at_stake_jobs": round(float(drains["gpu_hours_at_stake_jobs"] or 0.0), 1),
+                   "stopped_jobs": int(drains["stopped_jobs"]), "after_jobs": int(drains["after_jobs"]),
                    "episodes": int(counts["episodes"]), "returned": int(returned["returned"]),
                    "replaced": int(counts["replaced"]), "times": times},
         "repeat_after_repair": {"within_days": REPEAT_WITHIN_DAYS, "returns": returns, "failed_again": again,

@@ -117,11 +117,11 @@ GROUP BY time, alertname ORDER BY time, alertname""",
           "What paged someone per bucket: GPU and rack incidents opening or escalating, the breaker; the per-rule "
           "conditions inside an incident are its evidence, not pages (noise shows here first)."),
     Panel("drains", "Recent drains and their evidence", "table", """
-SELECT ts, host, action, reason, evidence, event_id
+SELECT ts, host, action, reason, evidence['cost.gpu_hours'] AS gpu_hours_at_stake, evidence, event_id
 FROM drain_events WHERE $__timeFilter(ts)
 ORDER BY ts DESC LIMIT 1 BY event_id LIMIT 100""",
           "Drain, repair, validation and return requests sent to the remediation bots, with the evidence behind "
-          "each.", "", 24),
+          "each and, for a drain, what it stops and the GPU-hours it puts at stake.", "", 24),
     Panel("top_xids", "Top XIDs", "bar", """
 SELECT toString(code) AS xid, count() AS events, uniqExact(host) AS hosts
 FROM xid_events WHERE $__timeFilter(ts) GROUP BY code ORDER BY events DESC LIMIT 10""",

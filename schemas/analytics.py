@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.events import LC, LC_NULL, TS, UINT32_MAX
 from schemas.columns import ch
+from schemas.limits import NAME_MAX
 
 
 class FaultBin(str, Enum):
@@ -130,6 +131,8 @@ class HealthScore(_Derived):
     gates: list[str] = Field(default_factory=list, description="hard gates that fired (any one: unschedulable)")
     penalties: list[Penalty] = Field(default_factory=list)
     inputs: dict[str, float] = Field(default_factory=dict)
+    job: str | None = Field(default=None, max_length=NAME_MAX, json_schema_extra=LC_NULL,
+                            description="the job the host's latest sample names (node rows): what draining it stops")
 
 
 class NodeState(_Derived):

@@ -141,7 +141,8 @@ class NvmlCollector:
         return NvmlPoll(sample, faults, extras)
 
     def doing(self) -> str | None:
-        """Where a poll is now, e.g. 'GPU 3: nvmlDeviceGetRemappedRows' (read from another thread: a poll that hangs)."""
+        """Where a poll is now, e.g. 'GPU 3: nvmlDeviceGetRemappedRows' (read from another thread: a poll that
+        hangs)."""
         device = self._reading
         return None if device is None else f"GPU {device.index}: {device.call or 'opening'}"
 

@@ -17,7 +17,8 @@ from core.errors import ConfigError
 
 SURGE_SHARE = 0.97  # a power surge's default draw, as a share of the power limit
 # kinds that last until the host's repair (when they have no duration): the repair is what mends them
-REPAIRED = frozenset({*PORT_KINDS, "ssd_error", "ecc_flood", "pcie_downtrain", "nvlink_inactive", "fabric_down"})
+REPAIRED = frozenset({*PORT_KINDS, "ssd_error", "ecc_flood", "ecc_ramp", "pcie_downtrain", "nvlink_inactive",
+                      "fabric_down"})
 
 
 @dataclass
@@ -122,6 +123,8 @@ class FaultInjector:
                     fx.goodbye[inj.hosts] = True
             if isinstance(spec, XidFault) and inj.started:
                 events.extend(self._xid_repeats(inj, t_prev, t_now))
+            if spec.kind == "ecc_ramp" and inj.started and not inj.ended and t_prev < spec.at + spec.lead_s <= t_now:
+                events.extend(self._fail_hard(inj))
             if inj.started and not inj.ended and t_now >= spec.end:
                 inj.ended = True
                 self._end(inj)
@@ -210,6 +213,26 @@ class FaultInjector:
                 spec, ts, host=f.hosts[inj.host], rack=f.racks[inj.host], cluster=f.cluster)], key=lambda e: e["ts"])
         return out
 
+    def _fail_hard(self, inj: Injection) -> list[dict]:
+        """A memory ramp's end: the failure it was heading for, as ecc_dbe or row_remap_failure logs it."""
+        spec, s, out = inj.spec, self.state, []
+        ts = self.start_ts + spec.at + spec.lead_s
+        for g in inj.gpus.tolist():
+            if spec.fails_with == "dbe":
+                s.ecc_dbe_volatile[g] += 1
+                s.ecc_dbe_aggregate[g] += 1
+                s.remapped_uncorrectable[g] += 1
+                s.row_remap_pending[g] = True
+                out += self._log(g, ts, 48)
+                out.append(self._event(g, ts + 0.0005, 63))
+                s.last_xid[g] = 48
+            elif spec.fails_with == "row_remap_failure":
+                s.remapped_uncorrectable[g] += 1
+                s.row_remap_failure[g] = True
+                s.remap_banks_none[g] += 1
+                out += self._log(g, ts, 64)
+        return out
+
     def _flaps(self, inj: Injection, fx: Effects, t_prev: float, t_now: float) -> None:
         """The drops of a flapping link that fall in (t_prev, t_now], and the errors of the bad link meanwhile."""
         spec = inj.spec
@@ -253,6 +276,8 @@ class FaultInjector:
             fx.pcie_rate[g] += spec.rate_per_s
         elif kind == "ecc_flood":
             fx.sbe_rate[g] += spec.rate_per_s
+        elif kind == "ecc_ramp":
+            fx.sbe_rate[g] += spec.rate_per_s(t_now)
         elif kind == "pcie_downtrain":
             fx.pcie_width[g] = spec.width or 0
             fx.pcie_gen[g] = spec.gen or 0

@@ -16,6 +16,9 @@ SW_THERMAL_CLOCK, HW_SLOWDOWN_CLOCK = 0.85, 0.5  # clock ratio while the bit is 
 COMPUTE_BOUND = 0.7  # share of a step that scales with SM clock
 # Background rates per GPU per second of rare counter increments.
 SBE_RATE, PCIE_RATE, CRC_RATE, NVL_REPLAY_RATE = 2e-5, 1e-5, 3e-5, 1e-5
+# Some healthy GPUs log corrected errors steadily for months without failing: a share of them at a steady rate (per
+# hour, uniform in the range) [ours]. A trend rule must tell such a trickle from a climb.
+CHRONIC_SBE_SHARE, CHRONIC_SBE_PER_H = 0.02, (1.0, 30.0)
 DAY_S = 86400.0
 
 
@@ -120,6 +123,10 @@ class GpuState:
         self.fabric_status = np.full(n, 3, dtype=np.int64)  # DCGM's numbering: 3 success, 4 failure
         self.last_xid = np.full(n, -1, dtype=np.int64)  # -1 = none since driver load
         self.recovery_action = np.zeros(n, dtype=np.int64)
+        # The chronic trickles come from a generator of their own, so every other draw is what it was without them.
+        self.trickle_rng = rng.spawn(1)[0]
+        chronic = self.trickle_rng.uniform(size=n) < CHRONIC_SBE_SHARE
+        self.sbe_trickle = np.where(chronic, self.trickle_rng.uniform(*CHRONIC_SBE_PER_H, n) / 3600.0, 0.0)
         self.present = np.ones(n, dtype=bool)
         self.host_up = np.ones(fleet.n_hosts, dtype=bool)
         self.sampling = np.ones(fleet.n_hosts, dtype=bool)  # up, and its sample collector works
@@ -139,6 +146,7 @@ class GpuState:
             self.ecc_dbe_aggregate[g] = 0
             self.ecc_sbe_aggregate[g] = 0
             self.remap_banks_none[g] = 0
+            self.sbe_trickle[g] = 0.0  # a new card
 
     def job_running(self, present: np.ndarray) -> np.ndarray:
         """Per GPU: its job is running (a job with a lost GPU has crashed, so all its GPUs go idle)."""
@@ -208,7 +216,7 @@ class GpuState:
 
     def _count_errors(self, dt: float, fx: Effects) -> None:
         rng, n = self.rng, self.fleet.n_gpus
-        sbe = rng.poisson((SBE_RATE + fx.sbe_rate) * dt)
+        sbe = rng.poisson((SBE_RATE + fx.sbe_rate) * dt) + self.trickle_rng.poisson(self.sbe_trickle * dt)
         self.ecc_sbe_volatile += sbe
         self.ecc_sbe_aggregate += sbe
         self.pcie_replay += rng.poisson((PCIE_RATE + fx.pcie_rate) * dt)

@@ -104,6 +104,29 @@ class EccFlood(_Fault):
     rate_per_s: float = Field(default=17_700.0, gt=0, le=1e7, description="mean corrected errors added per second")
 
 
+class EccRamp(_Fault):
+    """A GPU's memory degrading: corrected ECC errors climb exponentially from `start_per_h` to `end_per_h` over
+    `lead_s`, then it fails hard (`fails_with`: an uncorrectable error, Xid 48, or a row that cannot be remapped, Xid
+    64; `none`: it only keeps climbing). The gray failure a level threshold misses until it is too late."""
+
+    kind: Literal["ecc_ramp"]
+    lead_s: float = Field(default=5400.0, gt=0, le=7 * 86400, description="seconds from the first climb to the failure")
+    start_per_h: float = Field(default=6.0, gt=0, le=1e6, description="corrected errors an hour at the start")
+    end_per_h: float = Field(default=2000.0, gt=0, le=1e7, description="corrected errors an hour at the failure")
+    fails_with: Literal["dbe", "row_remap_failure", "none"] = "dbe"
+
+    @model_validator(mode="after")
+    def _climbs(self):
+        if self.end_per_h <= self.start_per_h:
+            raise ValueError("end_per_h must be above start_per_h: a ramp climbs")
+        return self
+
+    def rate_per_s(self, t: float) -> float:
+        """Its corrected errors a second at `t` (seconds of the run): the climb, then the end rate."""
+        share = min(1.0, max(0.0, (t - self.at) / self.lead_s))
+        return self.start_per_h * (self.end_per_h / self.start_per_h) ** share / 3600.0
+
+
 class PcieDowntrain(_Fault):
     """The GPU's PCIe link runs at fewer lanes or a lower generation than its slot allows (a riser, slot or card
     edge), with no Xid: NVSentinel issue 890."""
@@ -280,7 +303,7 @@ class PowerSurge(_Fault):
 
 FaultSpec = Annotated[
     Union[XidFault, ThermalRunaway, PowerCap, SlowRank, EccDbe, RowRemapFailure, NvlinkCrc, PcieReplay, GpuLost,
-          EccFlood, PcieDowntrain, NvlinkInactive, FabricDown,
+          EccFlood, EccRamp, PcieDowntrain, NvlinkInactive, FabricDown,
           Congestion, SensorFlap, HostDown, JobCrash, PowerSurge, MonitorBroken, LinkFlap, LinkDown, LinkDegraded,
           NicDown, SsdError, MachineCheck, FsShutdown, CableError, CableAbsent],
     Field(discriminator="kind"),
@@ -289,7 +312,7 @@ FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultSpec)
 KINDS = ("xid", "thermal_runaway", "power_cap", "slow_rank", "ecc_dbe", "row_remap_failure", "nvlink_crc",
          "pcie_replay", "gpu_lost", "congestion", "sensor_flap", "host_down", "job_crash", "power_surge",
          "monitor_broken", "link_flap", "link_down", "link_degraded", "nic_down", "ssd_error", "machine_check",
-         "fs_shutdown", "cable_error", "cable_absent", "ecc_flood", "pcie_downtrain", "nvlink_inactive", "fabric_down")
+         "fs_shutdown", "cable_error", "cable_absent", "ecc_flood", "ecc_ramp", "pcie_downtrain", "nvlink_inactive", "fabric_down")
 PORT_KINDS = frozenset({"link_flap", "link_down", "link_degraded", "nic_down", "cable_error", "cable_absent"})
 HOST_LOG_KINDS = frozenset({"nic_down", "ssd_error", "machine_check", "fs_shutdown", "cable_error", "cable_absent"})
 # generated ones get no random GPU

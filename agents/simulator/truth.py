@@ -48,10 +48,14 @@ EXPECTED = {
     "fs_shutdown": ["fault:fs_error", "fault:fs_readonly", "bin:reboot", "drain"],
     "cable_error": ["fault:mlx5_module_error", "bin:inspect", "drain"],
     "cable_absent": [],
-    # Faults with no Xid, seen in the GPU's own readings (streams/fault_bins/gpu_links.py, counters.py): a corrected-error
-    # flood (reset, then replace if it floods again), a PCIe link trained down (a person reseats it), NVLink links gone
-    # inactive (a reset trains them again), a fabric that failed to train (restart the Fabric Manager: a reboot).
+    # Faults with no Xid, seen in the GPU's own readings (streams/fault_bins/gpu_links.py, counters.py): a
+    # corrected-error flood (reset, then replace if it floods again), a PCIe link trained down (a person reseats
+    # it), NVLink links gone inactive (a reset trains them again), a fabric that failed to train (restart the Fabric
+    # Manager: a reboot).
     "ecc_flood": ["fault:ecc_sbe_flood", "bin:reset", "drain"],
+    # A memory ramp is suspect while it climbs (ecc_trend: drained once its job is done, never at once); the failure it
+    # heads for may come first where the repair is slower than the climb (allowed_tokens)
+    "ecc_ramp": ["fault:ecc_trend", "bin:inspect", "drain"],
     "pcie_downtrain": ["fault:pcie_downtrained", "bin:inspect", "drain"],
     "nvlink_inactive": ["fault:nvlink_down", "bin:reset", "drain"],
     "fabric_down": ["fault:fabric_failed", "bin:reboot", "drain"],
@@ -182,7 +186,13 @@ def _tokens(spec, fleet: Fleet, ranked: bool, interval: float, busy: bool = True
     return tokens, spec.kind not in NOT_HARDWARE
 
 
-GPU_LINK_KINDS = frozenset({"ecc_flood", "pcie_downtrain", "nvlink_inactive", "fabric_down"})
+GPU_LINK_KINDS = frozenset({"ecc_flood", "ecc_ramp", "pcie_downtrain", "nvlink_inactive", "fabric_down"})
+RAMP_FAILS = {"dbe": ["fault:ecc_dbe", "fault:xid:48", "fault:row_remap_pending", "bin:reset"],
+              "row_remap_failure": ["fault:row_remap_failure", "fault:xid:64", "bin:replace"], "none": []}
+# The trend rule's defaults (streams/fault_bins/trends.py): the corrected-error rate's 30 min average against its 6 h
+# one; a ramp it calls a climb (on the expected counts) RAMP_MARGIN_S before its failure is expected to be suspect.
+TREND_FAST_S, TREND_SLOW_S, TREND_MIN_PER_H, TREND_GROWTH, TREND_SIGMA = 1800.0, 21600.0, 30.0, 2.0, 4.0
+RAMP_MARGIN_S = 600.0
 
 
 def gpu_link_outcome(spec, interval: float, busy: bool = True) -> str:
@@ -195,6 +205,10 @@ def gpu_link_outcome(spec, interval: float, busy: bool = True) -> str:
 
     if spec.kind == "fabric_down":
         return "fault" if shown_for(0) else "nothing"
+    if spec.kind == "ecc_ramp":
+        seen = ramp_suspect_at(spec, interval)
+        return "fault" if seen is not None and seen + RAMP_MARGIN_S < min(spec.end, spec.at + spec.lead_s) \
+            else "either"
     if spec.kind == "ecc_flood":
         if spec.rate_per_s <= ECC_SBE_PER_S / 2 or not shown_for(0):
             return "nothing"
@@ -204,6 +218,23 @@ def gpu_link_outcome(spec, interval: float, busy: bool = True) -> str:
     if spec.kind == "nvlink_inactive" and spec.at == 0 and spec.gpu is None:
         return "nothing"  # every GPU of the host without its links from the start: nothing shows what they should be
     return "fault" if shown_for(GPU_LINK_DEGRADED_S) else "nothing"
+
+
+def ramp_suspect_at(spec, interval: float = 10.0) -> float | None:
+    """When the trend rule, fed the expected rate (no noise) every sample, first calls a memory ramp a climb: None if
+    never within its lead. Mirrors streams/fault_bins/trends.py with its defaults (agents may not import a stage)."""
+    t, fast, slow = 0.0, 0.0, 0.0  # the GPU is read from the run's start: nothing before the ramp
+    while t <= spec.at + spec.lead_s:
+        t += interval
+        rate = spec.rate_per_s(t) if t > spec.at else 0.0
+        fast += max(1.0 - math.exp(-interval / TREND_FAST_S), interval / t) * (rate - fast)
+        slow += max(1.0 - math.exp(-interval / TREND_SLOW_S), interval / t) * (rate - slow)
+        if fast <= 0:
+            continue
+        z = (fast - slow) / math.sqrt(fast / (2 * TREND_FAST_S) + slow / (2 * TREND_SLOW_S))
+        if fast * 3600 >= TREND_MIN_PER_H and fast >= TREND_GROWTH * slow and z >= TREND_SIGMA:
+            return t
+    return None
 
 
 def power_limit_reduced(spec, fleet: Fleet) -> bool:
@@ -330,6 +361,11 @@ def allowed_tokens(spec, fleet: Fleet, ranked: bool, interval: float = 10.0) -> 
     if spec.kind == "sensor_flap" and spec.high_c >= fleet.device.gpu_max_op_temp_c \
             and flap_outcome(spec, interval) == "either":
         return ["drain"]
-    if spec.kind == "ecc_flood" and gpu_link_outcome(spec, interval) == "either":
-        return list(EXPECTED["ecc_flood"])
+    if spec.kind == "ecc_flood":  # near the flood limit noise decides; a flood that starts is a climb as well (the
+        # trend rule's suspect), unless its first errors are the first the GPU ever counted (nothing to climb from)
+        near = list(EXPECTED["ecc_flood"]) if gpu_link_outcome(spec, interval) == "either" else []
+        return near + (list(EXPECTED["ecc_ramp"]) if spec.rate_per_s * 3600 >= TREND_MIN_PER_H else [])
+    if spec.kind == "ecc_ramp":  # the failure, should the repair come after it; the suspect, near the rule's edge
+        return [*RAMP_FAILS[spec.fails_with], *(EXPECTED["ecc_ramp"] if gpu_link_outcome(spec, interval) == "either"
+                                                else []), "drain"]
     return []

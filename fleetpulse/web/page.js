@@ -208,6 +208,7 @@ async function drawOutcomes(from, to) {
              `usable compute (${u.minutes} min, ${u.installed_gpu_hours} GPU-h)`),
       figure(r.interruptions.total, "interruptions"), figure(d.requested, "drains requested"),
       figure(d.returned, "returned"), figure(d.replaced, "to replace"),
+      figure(d.gpu_hours_at_stake, "GPU-h at stake, as the drains estimated"),
       figure(u.gpu_hours_lost.drains, "GPU-h lost to drains"),
       figure(u.gpu_hours_lost.faults_before_drain, "GPU-h lost to faults before a drain"),
       figure(r.stragglers.job_seconds_lost, "straggler job-seconds lost"), figure(r.alerts.pages, "pages")),

@@ -45,6 +45,13 @@ class FaultBinConfig(BaseModel):
     # failing while DCGM still calls the GPU healthy (DCGM issue 313). fleetpulse's default: 10/s over a minute.
     ecc_sbe_per_s: float = Field(default=10.0, gt=0)
     ecc_sbe_window_s: float = Field(default=60.0, gt=0)
+    # Corrected errors climbing (trends.py): the 30 min average rate at least trend_min_per_h, trend_growth times the
+    # 6 h one and trend_sigma standard deviations above it -> suspect (drained once its job is done) [ours].
+    trend_fast_s: float = Field(default=1800.0, gt=0, le=DAY_S)
+    trend_slow_s: float = Field(default=21600.0, gt=0, le=30 * DAY_S)
+    trend_min_per_h: float = Field(default=30.0, gt=0)
+    trend_growth: float = Field(default=2.0, ge=1)
+    trend_sigma: float = Field(default=4.0, ge=0)
     # A GPU's PCIe link below the lanes (always) or generation (while busy: an idle GPU may slow its link to save
     # power) its slot allows, or fewer NVLink links active than the GPU or its host's peers had, in every sample for
     # this long: degraded. A fabric that stops being trained for this long after it was is down.
@@ -106,6 +113,10 @@ def rule_table(c: FaultBinConfig) -> list[tuple[str, str, str]]:
         ("counter_ecc_sbe_flood", "ecc_sbe_flood: corrected ECC errors " + rate.format(
             f"{c.ecc_sbe_per_s * c.ecc_sbe_window_s:g}", c.ecc_sbe_window_s) + " -> reset (repeat -> replace)",
          f"ecc_sbe_per_s={c.ecc_sbe_per_s:g}, ecc_sbe_window_s={c.ecc_sbe_window_s:g}"),
+        ("trend_ecc", "ecc_trend: corrected ECC errors climbing (the short average rate over the long one, Poisson "
+         "significant) -> inspect, drained once the node's job is done (mode after_jobs), told once until a reset",
+         f"trend_fast_s={c.trend_fast_s:g}, trend_slow_s={c.trend_slow_s:g}, trend_min_per_h={c.trend_min_per_h:g}, "
+         f"trend_growth={c.trend_growth:g}, trend_sigma={c.trend_sigma:g}"),
         ("pcie_downtrained", "a GPU's PCIe link below its maximum width (or generation while the GPU is busy) in "
          "every sample for a while -> inspect",
          f"gpu_link_degraded_s={c.gpu_link_degraded_s:g}, pcie_busy_util_pct={c.pcie_busy_util_pct:g}"),

@@ -11,6 +11,7 @@ from schemas.limits import MAX_GPUS
 from streams.fault_bins.config import FaultBinConfig
 from streams.fault_bins.gpu_links import link_findings
 from streams.fault_bins.host_state import Finding, GpuMemo, HostState, norm_pci
+from streams.fault_bins.trends import corrected, trend_findings
 
 # The GpuReading fields the rules remember, in GpuMemo.last order.
 FIELDS = ("ecc_dbe_volatile", "ecc_dbe_aggregate", "pcie_replay_count", "nvlink_crc_errors",
@@ -180,6 +181,9 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
             st.dirty = True
             out += _compare(key, g, memo, cur, ts, rules, host) if last else \
                 _flags(key, g, None, None, cur, f"{host} GPU {key}")
+        if not memo.tr or corrected(g) != memo.tr[1]:  # corrected errors moved: their trend
+            out += trend_findings(key, g, memo, ts, host, config)
+            st.dirty = True
         found, changed = link_findings(key, g, memo, ts, host, config, peers)
         out += found
         st.dirty = st.dirty or changed

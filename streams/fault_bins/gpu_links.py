@@ -21,6 +21,7 @@ HEALTH_FAULTS = (
     ("Fabric Manager disconnected", 14, 0x3, frozenset({2})),
 )
 UNTRAINED = frozenset({1, 2})  # not started, in progress
+EPISODES = ("pcie", "nvlink", "fabric")  # this module's keys in GpuMemo.ep
 
 
 def health_faults(mask: int | None) -> list[str]:
@@ -58,7 +59,7 @@ def link_findings(key: str, g: dict, memo: GpuMemo, ts: float, host: str, config
     """(findings, whether the GPU's link memory changed) for one reading. `peers(links)`: the most NVLink links active
     on another GPU of the host that has `links` links, in this sample."""
     out: list[Finding] = []
-    before = (len(memo.ep), memo.links, memo.fabric_ok)
+    before = (sum(k in memo.ep for k in EPISODES), memo.links, memo.fabric_ok)
     where, after = f"{host} GPU {key}", config.gpu_link_degraded_s
     # PCIe: fewer lanes than the slot allows is never power saving; a lower generation is, on an idle GPU
     width, wmax, gen, gmax = (g.get("pcie_link_width"), g.get("pcie_link_width_max"), g.get("pcie_link_gen"),
@@ -70,8 +71,8 @@ def link_findings(key: str, g: dict, memo: GpuMemo, ts: float, host: str, config
         what = " and ".join([*([f"x{width} of x{wmax}"] if narrow else []),
                              *([f"Gen{gen} of Gen{gmax} while {g.get('gpu_util_pct'):g} % busy"] if slow else [])])
         out.append(_finding(key, g, "pcie_downtrained", FaultBin.INSPECT, "CHECK_MECHANICALS",
-                            f"{where}: PCIe link at {what} since {ep[0]:.3f} ({ep[1]} samples): it trained down (riser, "
-                            f"slot or card edge); copies between host and GPU run slower", ep, width=width,
+                            f"{where}: PCIe link at {what} since {ep[0]:.3f} ({ep[1]} samples): it trained down "
+                            f"(riser, slot or card edge); copies between host and GPU run slower", ep, width=width,
                             width_max=wmax, gen=gen, gen_max=gmax, util_pct=g.get("gpu_util_pct")))
     # NVLink: against the most links this GPU had active since it started, and its host's other GPUs now
     links, mask = g.get("nvlink_links"), g.get("nvlink_active_mask")
@@ -105,4 +106,5 @@ def link_findings(key: str, g: dict, memo: GpuMemo, ts: float, host: str, config
             f"cannot use its NVLink domain and new CUDA jobs fail to start; restart the Fabric Manager or reset the "
             f"fabric (a reboot does both)", ep, fabric_status=status, health_mask=hex(health or 0),
             clique_id=g.get("fabric_clique_id"), cluster_uuid=g.get("fabric_cluster_uuid")))
-    return out, (len(memo.ep), memo.links, memo.fabric_ok) != before or bool(memo.ep)
+    ongoing = sum(k in memo.ep for k in EPISODES)  # an episode counts its samples: written each one
+    return out, (ongoing, memo.links, memo.fabric_ok) != before or ongoing > 0

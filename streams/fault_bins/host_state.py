@@ -70,6 +70,7 @@ class GpuMemo:
     ep: dict[str, list] = field(default_factory=dict)  # link episode (gpu_links.py) -> [since ts, samples, told]
     links: int = 0  # the most NVLink links seen active at once since the GPU was (re)started
     fabric_ok: bool = False  # its fabric was seen trained (success) since it was (re)started
+    tr: list = field(default_factory=list)  # corrected-error trend (trends.py): [ts, count, fast, slow, since]
 
     def rebooted(self, ts: float, how: str, config: FaultBinConfig) -> None:
         """A reboot (or reset) of this GPU was seen; it counts toward escalation only if a fatal fault preceded it.
@@ -83,14 +84,14 @@ class GpuMemo:
     def to_json(self) -> dict:
         return {"u": self.uuid, "p": self.pci, "t": self.ts, "l": self.last, "m": self.miss, "ms": self.missing_since,
                 "lo": self.lost, "r": self.refs, "h": self.hist, "b": self.reboots, "f": self.fatal, "e": self.ep,
-                "nl": self.links, "fo": self.fabric_ok}
+                "nl": self.links, "fo": self.fabric_ok, "tr": self.tr}
 
     @classmethod
     def from_json(cls, raw: dict) -> GpuMemo:
         return cls(raw["u"], raw["p"], raw["t"], list(raw["l"]), raw["m"], raw["ms"], raw["lo"],
                    {k: list(v) for k, v in raw["r"].items()}, {k: list(v) for k, v in raw["h"].items()},
                    [list(r) for r in raw["b"]], raw["f"], {k: list(v) for k, v in raw.get("e", {}).items()},
-                   raw.get("nl", 0), raw.get("fo", False))  # .get: states written before these fields
+                   raw.get("nl", 0), raw.get("fo", False), list(raw.get("tr", [])))  # .get: older states
 
 
 @dataclass

@@ -17,6 +17,7 @@ from schemas.limits import MAX_GPUS
 HARD_BITS = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake (REFERENCE.md 4)
 SW_POWER_CAP = 0x4
 GATING_BINS = ("reset", "reboot", "inspect", "replace")
+SUSPECT = "suspect"  # a fault asking for a drain after the node's job (mode after_jobs): points, never a gate
 RECOVERY = {1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset", 5: "recover_imex_domain",
             6: "bus_reset", 7: "system_reboot"}  # nvmlDeviceGpuRecoveryAction_t (REFERENCE.md 2a)
 # Reading fields, in matrix column order; bools become 0/1, None NaN.
@@ -60,7 +61,7 @@ class HealthConfig(BaseModel):
     history_window_s: float = 86_400.0
     history_half_life_s: float = 6 * 3600.0
     bin_points: dict[str, float] = Field(default_factory=lambda: {
-        "ignore": 0.0, "retry": 2.0, "reset": 8.0, "reboot": 8.0, "inspect": 8.0, "replace": 10.0})
+        "ignore": 0.0, "retry": 2.0, "reset": 8.0, "reboot": 8.0, "inspect": 8.0, "replace": 10.0, SUSPECT: 8.0})
     software_cap: float = Field(default=10.0, description="retry/ignore faults never cost more (they must not drain)")
     fault_gate_max_s: float = Field(default=6 * 3600.0, description="a gating fault no repair followed stops gating")
     faults_kept: int = 64
@@ -111,6 +112,8 @@ class HostHealth:
     stragglers: dict[int, list] = field(default_factory=dict)  # gpu (-1 node) -> [ts, slowdown_pct, z, job]
     repaired_at: float = 0.0
     emitted: dict[str, list] = field(default_factory=dict)  # "node" -> [score, gates, ts]; "<gpu>" -> [score, gates]
+    job: str | None = None  # the job the host's newest sample names
+    told_job: str | None = None  # the job the last published node row named
     # `emitted`'s GPU scores as an array (NaN: none yet) and whether any GPU row went out with gates; built when
     # first read, dropped whenever `emitted` changes (see sent()). Not serialised.
     sent_cache: tuple[np.ndarray, bool] | None = field(default=None, compare=False, repr=False)
@@ -126,13 +129,13 @@ class HostHealth:
         return {"wm": self.wm, "rack": self.rack, "installed": self.installed, "present": self.present,
                 "gpus": gpus, "since": self.since, "faults": self.faults,
                 "stragglers": {str(i): v for i, v in self.stragglers.items()}, "repaired_at": self.repaired_at,
-                "emitted": self.emitted}
+                "emitted": self.emitted, "job": self.job, "told_job": self.told_job}
 
     def copy(self) -> HostHealth:
         """A copy a step may change; the two share `rows` and the `emitted` entries (replaced, never changed)."""
         return HostHealth(self.wm, self.rack, self.installed, list(self.present), self.rows, dict(self.since),
                           [list(f) for f in self.faults], {i: list(v) for i, v in self.stragglers.items()},
-                          self.repaired_at, dict(self.emitted), self.sent_cache)
+                          self.repaired_at, dict(self.emitted), self.job, self.told_job, self.sent_cache)
 
     def sent(self, n: int) -> tuple[np.ndarray, bool]:
         """The last published score of GPUs 0..n-1 (NaN: never published) and whether any published GPU row had
@@ -157,7 +160,8 @@ class HostHealth:
                 rows[int(i)] = [_num(x) for x in r]
         return cls(raw["wm"], raw["rack"], raw["installed"], list(raw["present"]), rows, dict(raw["since"]),
                    [list(f) for f in raw["faults"]], {int(i): list(v) for i, v in raw["stragglers"].items()},
-                   raw["repaired_at"], {k: list(v) for k, v in raw["emitted"].items()})
+                   raw["repaired_at"], {k: list(v) for k, v in raw["emitted"].items()}, raw.get("job"),
+                   raw.get("told_job"))  # .get: states written before jobs were kept
 
 
 def apply_sample(h: HostHealth, s: dict, cfg: HealthConfig) -> bool:
@@ -269,7 +273,7 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
             h.rows = grown
             h.present = sorted(idx)
             h.installed = max(h.installed, len(idx), max(idx, default=-1) + 1)
-        h.wm, h.rack = ts_h, s.get("rack", "") or h.rack
+        h.wm, h.rack, h.job = ts_h, s.get("rack", "") or h.rack, s.get("job")
         # onsets are the first sample showing a condition, however seldom the host is scored
         gates(h, ts_h, cfg, rows_quiet=not any(hits[j:k]))
         j = k
@@ -278,7 +282,8 @@ def _fold(pairs: Sequence[tuple[HostHealth, dict]], cfg: HealthConfig) -> None:
 def apply_fault(h: HostHealth, f: Mapping, cfg: HealthConfig) -> bool:
     """Record a fault event (a storm summary updates the event it summarises); False for an exact replay."""
     gpu = -1 if f.get("gpu_index") is None else int(f["gpu_index"])
-    row = [f["fault_id"], float(f["first_ts"]), float(f["last_ts"]), gpu, f["code"], f["bin"], int(f["count"])]
+    bin_ = SUSPECT if (f.get("evidence") or {}).get("mode") == "after_jobs" else f["bin"]  # the lifecycle's to time
+    row = [f["fault_id"], float(f["first_ts"]), float(f["last_ts"]), gpu, f["code"], bin_, int(f["count"])]
     for i, old in enumerate(h.faults):
         if old[0] == row[0]:
             if old[2:] == row[2:]:
@@ -319,7 +324,7 @@ def _history(h: HostHealth, gpu: int, now: float, cfg: HealthConfig) -> float:
     for _, _, last, g, _, bin_, _ in h.faults:
         if g == gpu and now - last <= cfg.history_window_s:
             pts = cfg.bin_points.get(bin_, 0.0) * 0.5 ** (max(0.0, now - last) / cfg.history_half_life_s)
-            if bin_ in GATING_BINS:
+            if bin_ in GATING_BINS or bin_ == SUSPECT:
                 hard += pts
             else:
                 soft += pts
@@ -407,6 +412,7 @@ class Scores:
     node_points: list[tuple[str, float, float]]  # node-level (name, value, points)
     gates: dict[str, float]  # every gate of the node with its onset
     inputs: dict[str, float]
+    job: str | None = None
 
     def penalties(self, i: int, prefix: str = "") -> list[Penalty]:
         row = self.state[i].tolist()
@@ -426,7 +432,7 @@ class Scores:
             for n, val, pts in self.node_points]
         return HealthScore(ts=self.ts, host=self.host, rack=self.rack, score=self.node_score,
                            schedulable=not self.gates, gates=sorted(self.gates), penalties=penalties,
-                           inputs=self.inputs)
+                           inputs=self.inputs, job=self.job)
 
 
 def _moved(hosts: Sequence[tuple[HostHealth, str, float]], gpu_score: np.ndarray, cfg: HealthConfig) -> list[bool]:
@@ -515,7 +521,7 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig,
             node = min(node, cfg.gate_cap)
         if skip_quiet and not fired and not any(moved_l[a:b]):
             last = h.emitted.get("node")
-            if (last is not None and not last[1] and now - last[2] < cfg.heartbeat_s
+            if (last is not None and not last[1] and now - last[2] < cfg.heartbeat_s and h.job == h.told_job
                     and abs(round(node, 2) - last[0]) < cfg.emit_delta and not h.sent(b - a)[1]):
                 out.append(None)
                 continue
@@ -525,5 +531,5 @@ def score_all(hosts: Sequence[tuple[HostHealth, str, float]], cfg: HealthConfig,
                   "throttle_loss_gpus": round(float(thr_loss[a:b].sum()), 4),
                   "worst_gpu": worst, **{f"gate_since.{key}": t for key, t in fired.items()}}
         out.append(Scores(host, now, h.rack, s[a:b], v[a:b], pts[a:b], gpu_score[a:b], gpu_gates[a:b], round(node, 2),
-                          node_pts, fired, inputs))
+                          node_pts, fired, inputs, h.job))
     return out

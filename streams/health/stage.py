@@ -63,9 +63,10 @@ def news(h: HostHealth, sc: Scores, cfg: HealthConfig) -> list[HealthScore]:
             out.append(sc.gpu(i))
             emitted[_KEYS[i]] = [score, gates]
     node_gates = sorted(sc.gates)
-    if beat or abs(sc.node_score - last[0]) >= delta or node_gates != last[1]:
+    if beat or abs(sc.node_score - last[0]) >= delta or node_gates != last[1] or sc.job != h.told_job:
         out.append(sc.node())
         emitted["node"] = [sc.node_score, node_gates, sc.ts]
+        h.told_job = sc.job  # the lifecycle learns the host's job (a drain's cost) from the node row
     return out
 
 

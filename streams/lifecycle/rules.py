@@ -54,6 +54,15 @@ class LifecycleConfig(BaseModel):
     nccl_min_samples: int = Field(default=5, ge=1, description="validations before the fleet median is trusted")
     nccl_floor_gbs: float = Field(default=0.0, ge=0, description="bus bandwidth required before that; 0 = none")
     faults_kept: int = 32
+    # What a drain costs (streams/lifecycle/cost.py), [ours] until a fleet's own repair times replace them: the
+    # node's GPUs out for the repair's expected time; a drain at once stops the node's job, whose GPUs all lose the
+    # restart and, on average, half a checkpoint interval of work. A drain after the job stops nothing.
+    repair_hours: dict[str, float] = Field(
+        default_factory=lambda: {"reset": 0.5, "reboot": 1.0, "inspect": 24.0, "replace": 72.0},
+        description="expected hours out of service per repair kind")
+    job_restart_s: float = Field(default=600.0, ge=0, description="a stopped job's restart from its checkpoint")
+    checkpoint_interval_s: float = Field(default=3600.0, ge=0, description="between a job's checkpoints: a job "
+                                         "stopped at a random moment loses half of it")
     batch_within_s: float = Field(default=0.05, gt=0, le=5, description="XID -> drain request: 2 s p95 budget")
     minute_lateness_s: float = Field(default=30.0, ge=0, le=3600, description=(
         "usable compute for a minute is reported once the fleet's event clock is this far past its end, so a drain "
@@ -95,6 +104,7 @@ class Node:
     returns: list[list] = field(default_factory=list)  # [ts, repair] of each validated return (the recurrence rule)
     busbw: list[float] = field(default_factory=lambda: [0.0, 0])  # fleet median and its count, from the breaker
     inputs: dict[str, float] = field(default_factory=dict)  # latest health inputs (usable compute)
+    job: str | None = None  # the job its latest health row names (told to the fleet step: a drain's cost)
     share: list[float] = field(default_factory=list)  # usable-compute share last told to the fleet
 
     def to_json(self) -> dict:
@@ -177,9 +187,14 @@ def check(req: Mapping[str, float], result: Mapping) -> str | None:
 
 
 def _worse(a: dict | None, b: dict) -> dict:
-    if a is None or REPAIRS.index(b["repair"]) > REPAIRS.index(a["repair"]):
+    """The cause that asks for more: the heavier repair, and at once if either is (a suspect's drain after the job
+    becomes a drain now when the GPU then fails hard)."""
+    if a is None:
         return b
-    return a
+    worse, other = (b, a) if REPAIRS.index(b["repair"]) > REPAIRS.index(a["repair"]) else (a, b)
+    if worse.get("mode") == "after_jobs" and other.get("mode", "immediate") == "immediate":
+        worse = {**worse, "mode": "immediate", "reason": f"{other['reason']}; {worse['reason']}"}
+    return worse
 
 
 def _propose(n: Node, host: str, ts: float, cause: dict, cfg: LifecycleConfig, out: Out) -> None:
@@ -217,6 +232,7 @@ def on_health(n: Node, host: str, row: Mapping, cfg: LifecycleConfig) -> Out:
     _tick(n, host, ts, cfg, out)
     inputs = row.get("inputs") or {}
     n.inputs = {k: v for k, v in inputs.items() if not k.startswith("gate_since.")}
+    n.job = row.get("job")
     n.inputs["gated"] = float(bool(row["gates"]))
     dt = ts - n.score_ts if n.score_ts and ts - n.score_ts <= cfg.max_gap_s else 0.0
     if n.score < cfg.suspect_below and n.state == SUSPECT:
@@ -296,7 +312,8 @@ def on_fault(n: Node, host: str, f: Mapping, cfg: LifecycleConfig) -> Out:
     _tick(n, host, ts, cfg, out)
     if f["bin"] not in cfg.drain_bins or ts <= n.returned_at:
         return out
-    cause = {"repair": f["bin"], "mode": "immediate", "reason": f"fault {f['code']} -> {f['bin']} ({f['rule']})",
+    mode = (f.get("evidence") or {}).get("mode", "immediate")  # a suspect's: after_jobs (drained once idle)
+    cause = {"repair": f["bin"], "mode": mode, "reason": f"fault {f['code']} -> {f['bin']} ({f['rule']})",
              "evidence": {"fault_id": f["fault_id"], "code": f["code"], "bin": f["bin"], "rule": f["rule"],
                           "gpu_index": f.get("gpu_index"), "count": f.get("count", 1),
                           **{f"fault.{k}": v for k, v in (f.get("evidence") or {}).items()}}}
@@ -319,18 +336,21 @@ def on_decision(n: Node, host: str, d: Mapping, cfg: LifecycleConfig) -> Out:
     if d.get("busbw_n"):
         n.busbw = [float(d["busbw_median_gbs"]), int(d["busbw_n"])]
     cause, n.proposal = n.proposal["cause"], None
+    cost = {f"cost.{k}": v for k, v in (d.get("cost") or {}).items()}  # the fleet step's estimate (cost.py)
     if d["admitted"]:
         cause = _recurring(n, cause, ts, cfg)
         n.episode, n.cause, n.denied_at = n.episode + 1, cause, None
         n.request = {"action": "drain", "event_id": d["event_id"], "ts": ts, "attempt": 1, "requirements": {},
                      "due": ts + cfg.request_timeout_s["drain"]}
-        evidence = {**cause["evidence"], "repair": cause["repair"], "mode": cause["mode"], "breaker": d["reason"]}
-        _go(n, host, DRAIN_REQUESTED, ts, cause["reason"], {**evidence, "event_id": d["event_id"]}, out)
+        evidence = {**cause["evidence"], "repair": cause["repair"], "mode": cause["mode"], "breaker": d["reason"],
+                    **cost}
+        reason = cause["reason"] + (f"; {d['cost']['summary']}" if cost else "")
+        _go(n, host, DRAIN_REQUESTED, ts, reason, {**evidence, "event_id": d["event_id"]}, out)
         out.requests.append(DrainEvent(event_id=d["event_id"], host=host, action="drain", ts=ts,
-                                       reason=cause["reason"], evidence=_evidence(evidence)))
+                                       reason=reason, evidence=_evidence(evidence)))
         return out
     first, n.denied_at = n.denied_at is None, ts
-    evidence = {**cause["evidence"], "breaker": "open", "denied": d.get("reason", "")}
+    evidence = {**cause["evidence"], "breaker": "open", "denied": d.get("reason", ""), **cost}
     reason = f"drain denied, breaker open: {cause['reason']}"
     if n.state == HEALTHY:
         _go(n, host, SUSPECT, ts, reason, evidence, out)

@@ -27,6 +27,7 @@ from schemas.topics import (
 )
 from streams.lifecycle import rules as lc
 from streams.lifecycle.breaker import Breaker, BreakerConfig, add_busbw, breaker_config, decide, reset
+from streams.lifecycle.cost import drain_cost
 from streams.lifecycle.usable_compute import (
     add_change, changed, fleet_usable, fold, known_nodes, minutes_due, node_share,
 )
@@ -36,11 +37,12 @@ NODES, FLEET = "nodes", "fleet"
 log = logging.getLogger("fleetpulse.streams.lifecycle")
 FLEET_KEY = b"fleet"
 HANDLERS = {"health": lc.on_health, "fault": lc.on_fault, "result": lc.on_result, "decision": lc.on_decision}
-FLEET_KINDS = ("drain", "busbw", "share", "tick", "close", "reset")
+FLEET_KINDS = ("drain", "busbw", "share", "job", "tick", "close", "reset")
 NUMBER, HOST = (int, float), ("host", (str,))
 SHAPES = {"decision": (("proposal_id", (str,)), ("admitted", (bool,)), ("event_id", (str,))),
           "drain": (HOST, ("proposal_id", (str,)), ("repair", (str,)), ("evidence", (dict,))),
-          "busbw": (HOST, ("gbs", NUMBER)), "share": (HOST, ("share", (list,)))}
+          "busbw": (HOST, ("gbs", NUMBER)), "share": (HOST, ("share", (list,))),
+          "job": (HOST, ("job", (str, type(None))))}
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,12 @@ def node_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig
             continue  # GPU rows: the node row carries what the node's lifecycle needs
         host = rec["host"]
         n = nodes.get(host) or lc.Node.from_json(state.get(NODES, host))
+        job = n.job
         o = HANDLERS[r.kind](n, host, rec, cfg.node)
         nodes[host] = n
         ts = float(rec.get("ts") or rec.get("last_ts"))
+        if n.job != job:  # the fleet step keeps every node's job: what a drain of one of them stops
+            fleet.append({"kind": "job", "host": host, "ts": ts, "job": n.job})
         share = node_share(n.state, n.inputs)
         if n.inputs and changed(n.share, share):
             n.share = share
@@ -140,6 +145,15 @@ def _fold(state: State, end: float) -> None:
             state.delete(FLEET, key)
 
 
+def _cost(state: State, proposal: dict, cfg: lc.LifecycleConfig) -> dict[str, str]:
+    """The drain's blast radius from every node's job and installed GPUs (cost.py)."""
+    host = proposal["host"]
+    job = state.get(FLEET, f"job:{host}")
+    members = [k.removeprefix("job:") for k, j in state.scan(FLEET, "job:").items() if j == job] if job else []
+    return drain_cost(proposal["repair"], proposal.get("mode", "immediate"), _installed(state, host), job,
+                      {h: _installed(state, h) for h in members}, cfg)
+
+
 def _fleet_size(state: State) -> int:
     """Nodes the fleet step has heard of, reported or still pending (the breaker's cap is a share of them)."""
     return len(known_nodes([*state.scan(FLEET, "share:"), *state.scan(FLEET, "pending:")]))
@@ -174,6 +188,7 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
             touched = True
             if v.decision is None:
                 continue  # a replayed proposal: answered before
+            v.decision["cost"] = _cost(state, rec, cfg.node)
             out.append(Emit(LIFECYCLE_DECISIONS, rec["host"].encode(), orjson.dumps(v.decision),
                             f"drain {rec['proposal_id']} {'admitted' if v.decision['admitted'] else 'denied'}: "
                             f"{v.decision['reason']}"))
@@ -184,6 +199,11 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
             touched = add_busbw(b, rec, cfg.breaker) or touched
         elif kind == "share":
             _share(state, rec)
+        elif kind == "job":
+            if rec["job"]:
+                state.put(FLEET, f"job:{rec['host']}", rec["job"])
+            elif state.get(FLEET, f"job:{rec['host']}") is not None:
+                state.delete(FLEET, f"job:{rec['host']}")
         elif kind == "reset":
             alert = reset(b, rec)
             touched = True

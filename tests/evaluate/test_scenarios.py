@@ -148,6 +148,26 @@ async def test_faults_with_no_xid_drain_what_they_must_and_a_stalled_collector_o
     assert d["no_drain_faults"] == 4 and d["no_drain_drained"] == 0, d
 
 
+async def test_gpus_whose_corrected_errors_climb_are_suspect_before_they_fail_and_drained_after_their_job(settings_env):
+    """Three memory ramps: each GPU suspect (ecc_trend) before its failure, drained with mode after_jobs (its job's
+    ranks not stopped), no GPU with a steady trickle called suspect, no drain at once."""
+    r = await evaluate("gpu-gray")
+    landed_in_full(r)
+    k = r["fault_kinds"]["ecc_ramp"]
+    assert (k["recall"], k["precision"], k["drain"]["requested"]) == (1.0, 1.0, 3), k
+    d = r["drains"]
+    assert d["requested"] == d["true"] == 3 and d["false"] == 0, d
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    drains = _rows(settings, "SELECT host, evidence['mode'] AS mode, evidence['cost.ranks_stopped'] AS stopped, "
+                             "evidence['cost.summary'] AS summary FROM drain_events WHERE action = 'drain'")
+    assert sorted(row["host"] for row in drains) == ["gpu-node-0002", "gpu-node-0005", "gpu-node-0011"]
+    assert all(row["mode"] == "after_jobs" and row["stopped"] == "0" for row in drains), drains
+    assert any(row["summary"].startswith("waits for job-0000") for row in drains), drains
+    suspects = _rows(settings, "SELECT host, gpu_index FROM faults WHERE code = 'ecc_trend'")
+    assert sorted((s["host"], s["gpu_index"]) for s in suspects) == [("gpu-node-0002", 3), ("gpu-node-0005", 0),
+                                                                     ("gpu-node-0011", 6)]
+
+
 async def test_flapping_sensor_changes_node_state_at_most_once_per_dwell(settings_env):
     r = await evaluate("flapping")
     landed_in_full(r)

@@ -156,6 +156,6 @@ def test_a_new_card_in_the_slot_starts_with_no_history():
 def test_every_rule_a_fault_names_is_in_the_rule_table_with_its_parameters(run):
     table, _ = run
     rows = {name: (when, params) for name, when, params in rule_table(FaultBinConfig(pcie_replay_per_min=12))}
-    assert {f.rule for f in table.faults} <= set(rows) and len(rows) == 25
+    assert {f.rule for f in table.faults} <= set(rows) and len(rows) == 26
     assert rows["counter_pcie_replay"][0].startswith("pcie_replay: replays more than 12 in 60 s")
     assert "repeat_n_by_code={'xid:48': 2, 'ecc_dbe': 2, 'ecc_sbe_flood': 2}" in rows["escalation_repeat"][1]

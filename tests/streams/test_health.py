@@ -247,6 +247,35 @@ def test_emission_on_change_hysteresis_and_heartbeat():
     assert [r.gpu_index for r in beat] == [0, None]  # the node, and its GPUs below 100
 
 
+def test_a_suspect_s_fault_lowers_the_score_but_never_gates_the_node():
+    """A fault asking for a drain after the job (a GPU whose corrected errors climb) is the lifecycle's to time: a
+    gate would make it a drain at once."""
+    h = HostHealth()
+    feed(h, 2)
+    suspect = {**fault("s1", T0 + 15, "inspect", gpu_index=3, code="ecc_trend"), "evidence": {"mode": "after_jobs"}}
+    apply_fault(h, suspect, CFG)
+    sc = scored(h, T0 + 20)
+    assert sc.node.gates == [] and sc.node.schedulable
+    assert sc.gpus[3].score == pytest.approx(100 - CFG.weights["fault_history"] * 8 / 20, abs=0.1)
+    apply_fault(h, fault("d1", T0 + 30, "reset", gpu_index=3, code="ecc_dbe"), CFG)  # then it fails: a gate
+    assert scored(h, T0 + 31).node.gates == ["gpu3/fault_bin:reset"]
+
+
+def test_the_node_row_names_the_host_s_job_and_a_new_job_is_news_at_once():
+    h = HostHealth()
+    rows = [gpu(i) for i in range(8)]
+    apply_sample(h, {**sample("h1", T0, rows), "job": "job-3"}, CFG)
+    first = news(h, score(h, "h1", h.wm, CFG), CFG)
+    assert first[-1].gpu_index is None and first[-1].job == "job-3"
+    apply_sample(h, {**sample("h1", T0 + 10, rows, seq=1), "job": "job-3"}, CFG)
+    [sc] = score_all([(h, "h1", h.wm)], CFG, skip_quiet=True)
+    assert sc is None  # the same job, nothing moved: quiet
+    apply_sample(h, {**sample("h1", T0 + 20, rows, seq=2), "job": None}, CFG)  # the job ended
+    [sc] = score_all([(h, "h1", h.wm)], CFG, skip_quiet=True)
+    assert [(r.gpu_index, r.job) for r in news(h, sc, CFG)] == [(None, None)]
+    assert HostHealth.from_json(orjson.loads(orjson.dumps(h.to_json()))) == h
+
+
 def test_state_survives_the_changelog_and_replays_are_ignored():
     h = HostHealth()
     feed(h, 5, g2=lambda k, t: {"pcie_replay_count": 3 * k, "throttle_reasons": 0x8})

@@ -36,8 +36,8 @@ def app(tmp_path, emitter):
     return app
 
 
-def node_row(host: str, ts: float, score: float = 100.0) -> bytes:
-    return encode(HealthScore(ts=ts, host=host, score=score, schedulable=True, inputs={
+def node_row(host: str, ts: float, score: float = 100.0, job: str | None = None) -> bytes:
+    return encode(HealthScore(ts=ts, host=host, score=score, schedulable=True, job=job, inputs={
         "installed_gpus": 8, "present_gpus": 8, "straggler_loss_gpus": 0.0, "throttle_loss_gpus": 0.0}))
 
 
@@ -55,13 +55,13 @@ async def test_a_fault_drains_through_the_fleet_step_and_results_walk_the_node_o
         return [s for s in emitter.sent if s.topic == topic]
 
     async with app.agents["lane.decisions"].test_context() as node_stage:
-        await put_on(node_stage, HEALTH_T, node_row("h1", T0), b"h1", 2)
-        await put_on(node_stage, HEALTH_T, node_row("h2", T0 + 1), b"h2", 4)
+        await put_on(node_stage, HEALTH_T, node_row("h1", T0, job="job-7"), b"h1", 2)
+        await put_on(node_stage, HEALTH_T, node_row("h2", T0 + 1, job="job-7"), b"h2", 4)
         await put_on(node_stage, FAULTS_T, encode(fault), b"h1", 2)
         await put_on(node_stage, RESULTS_T, b"\xff", b"h1", 2)
-        await until(lambda: m.received == 3 and len(sent(fleet_name)) == 4)
+        await until(lambda: m.received == 3 and len(sent(fleet_name)) == 6)
         to_fleet = [orjson.loads(s.value) for s in sent(fleet_name)]
-        assert [r["kind"] for r in to_fleet] == ["share", "tick", "share", "drain"]
+        assert [r["kind"] for r in to_fleet] == ["job", "share", "tick", "job", "share", "drain"]
         assert to_fleet[-1]["repair"] == "reboot" and to_fleet[-1]["evidence"]["code"] == "xid:79"
 
         async with app.agents["lane.fleet"].test_context() as fleet_stage:
@@ -77,6 +77,15 @@ async def test_a_fault_drains_through_the_fleet_step_and_results_walk_the_node_o
         [drain] = [DrainEvent.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.drain.events")]
         assert (drain.host, drain.action, drain.event_id, drain.evidence["repair"]) == ("h1", "drain",
                                                                                          "h1:1:p1:drain", "reboot")
+        # what it costs: job-7 runs on both hosts (16 GPUs); a reboot takes h1's 8 for 1 h, and the stopped job
+        # loses its 600 s restart and half of a 3,600 s checkpoint interval on all 16
+        cost = {k.removeprefix("cost."): v for k, v in drain.evidence.items() if k.startswith("cost.")}
+        assert {k: cost[k] for k in ("job", "job_hosts", "job_gpus", "ranks_stopped", "gpus_idled", "gpu_hours",
+                                     "gpu_hours_job", "gpu_hours_repair")} == {
+            "job": "job-7", "job_hosts": "2", "job_gpus": "16", "ranks_stopped": "8", "gpus_idled": "16",
+            "gpu_hours": "18.7", "gpu_hours_job": "10.7", "gpu_hours_repair": "8.0"}
+        assert drain.reason == ("fault xid:79 -> reboot (catalog); stops job-7 (16 GPUs on 2 hosts, 8 ranks here): "
+                                "~19 GPU-hours at stake (11 of the job's restart and lost work, 8 of reboot)")
         result = RemediationResult(event_id=drain.event_id, host="h1", action="drain", ok=True, ts=T0 + 40)
         await put_on(node_stage, RESULTS_T, encode(result), b"h1", 2)
         await until(lambda: len(emitter.to(PREFIX + "fleet.node.state")) == 3)
