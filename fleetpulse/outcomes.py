@@ -99,9 +99,10 @@ TIMES = {"fault_to_drain_requested": "toFloat64(drain_at) - fault_ts",
 # What each drain request estimated it put at stake (streams/lifecycle/cost.py), once per request however often sent.
 DRAINS = """SELECT count() AS requested, uniqExact(host) AS hosts, sum(at_stake) AS gpu_hours_at_stake,
        sum(at_stake_job) AS gpu_hours_at_stake_jobs, countIf(stops) AS stopped_jobs,
-       countIf(mode = 'after_jobs') AS after_jobs
+       countIf(mode = 'after_jobs') AS after_jobs, sum(saved) AS gpu_hours_saved_after_jobs
 FROM (SELECT event_id, any(host) AS host, any(toFloat64OrZero(evidence['cost.gpu_hours'])) AS at_stake,
              any(toFloat64OrZero(evidence['cost.gpu_hours_job'])) AS at_stake_job,
+             any(toFloat64OrZero(evidence['cost.gpu_hours_saved'])) AS saved,
              any(toUInt32OrZero(evidence['cost.ranks_stopped']) > 0) AS stops, any(evidence['mode']) AS mode
       FROM drain_events WHERE action = 'drain' AND {events_ts} GROUP BY event_id)"""
 
@@ -274,6 +275,7 @@ def figures(ask: Ask, rng: Range) -> dict:
                    "gpu_hours_at_stake": round(float(drains["gpu_hours_at_stake"] or 0.0), 1),
                    "gpu_hours_at_stake_jobs": round(float(drains["gpu_hours_at_stake_jobs"] or 0.0), 1),
                    "stopped_jobs": int(drains["stopped_jobs"]), "after_jobs": int(drains["after_jobs"]),
+                   "gpu_hours_saved_after_jobs": round(float(drains["gpu_hours_saved_after_jobs"] or 0.0), 1),
                    "episodes": int(counts["episodes"]), "returned": int(returned["returned"]),
                    "replaced": int(counts["replaced"]), "times": times},
         "repeat_after_repair": {"within_days": REPEAT_WITHIN_DAYS, "returns": returns, "failed_again": again,

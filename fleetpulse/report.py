@@ -50,7 +50,8 @@ def render(r: dict) -> str:
     out += ["", f"drains              {d['requested']} requested on {d['hosts']} hosts; {d['returned']} returned, "
                 f"{d['replaced']} to replace"]
     out.append(f"  at stake as requested: {d['gpu_hours_at_stake']} GPU-h ({d['gpu_hours_at_stake_jobs']} of jobs "
-               f"stopped by {d['stopped_jobs']} drains at once; {d['after_jobs']} drains waited for their job)")
+               f"stopped by {d['stopped_jobs']} drains at once; {d['after_jobs']} drains waited for their job, saving "
+               f"{d['gpu_hours_saved_after_jobs']} GPU-h against stopping it)")
     out += [f"  {name:<28} p50 {t['p50_s']} s  p95 {t['p95_s']} s  (n={t['n']})" for name, t in d["times"].items()]
     out += ["", f"repeat after repair {rep['failed_again']} of {rep['returns']} returns failed again within "
                 f"{rep['within_days']} days"]

@@ -209,6 +209,7 @@ async function drawOutcomes(from, to) {
       figure(r.interruptions.total, "interruptions"), figure(d.requested, "drains requested"),
       figure(d.returned, "returned"), figure(d.replaced, "to replace"),
       figure(d.gpu_hours_at_stake, "GPU-h at stake, as the drains estimated"),
+      figure(d.gpu_hours_saved_after_jobs, "GPU-h saved by draining after the job"),
       figure(u.gpu_hours_lost.drains, "GPU-h lost to drains"),
       figure(u.gpu_hours_lost.faults_before_drain, "GPU-h lost to faults before a drain"),
       figure(r.stragglers.job_seconds_lost, "straggler job-seconds lost"), figure(r.alerts.pages, "pages")),

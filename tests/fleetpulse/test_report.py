@@ -60,7 +60,8 @@ def filled(clickhouse_url, clickhouse_database):
         state("h2", "healthy", "validating", D + 45 * M),
     ])
     stops = {"mode": "immediate", "cost.gpu_hours": "25.3", "cost.gpu_hours_job": "21.3", "cost.ranks_stopped": "8"}
-    waits = {"mode": "after_jobs", "cost.gpu_hours": "192.0", "cost.gpu_hours_job": "0.0", "cost.ranks_stopped": "0"}
+    waits = {"mode": "after_jobs", "cost.gpu_hours": "192.0", "cost.gpu_hours_job": "0.0", "cost.ranks_stopped": "0",
+             "cost.gpu_hours_saved": "341.3"}
     put(client, "drain_events", [{"event_id": e, "host": h, "action": "drain", "ts": at, "reason": "test",
                                   "evidence": ev}
                                  for e, h, at, ev in (("e1", "h1", D + 10.5 * M, stops),
@@ -99,8 +100,8 @@ def test_every_figure_over_two_hours(filled):
     d = r["drains"]
     assert (d["requested"], d["hosts"], d["episodes"], d["returned"], d["replaced"]) == (4, 2, 3, 2, 0)
     # each request's own estimate once (e1 was delivered twice), e3 and the offender's with none
-    assert (d["gpu_hours_at_stake"], d["gpu_hours_at_stake_jobs"], d["stopped_jobs"], d["after_jobs"]) == \
-        (217.3, 21.3, 1, 1)
+    assert (d["gpu_hours_at_stake"], d["gpu_hours_at_stake_jobs"], d["stopped_jobs"], d["after_jobs"],
+            d["gpu_hours_saved_after_jobs"]) == (217.3, 21.3, 1, 1, 341.3)
     # quantiles interpolate between the two episodes' figures (30 and 60 s; 1,170 and 1,200 s; 600 and 240 s)
     assert d["times"]["fault_to_drain_requested"] == {"n": 2, "p50_s": 45.0, "p95_s": 58.5}
     assert d["times"]["drain_requested_to_repaired"] == {"n": 2, "p50_s": 1185.0, "p95_s": 1198.5}
@@ -119,7 +120,7 @@ def test_every_figure_over_two_hours(filled):
     assert "usable compute      95.0 % of installed GPU-hours (0.95;" in text and "h1: 1 of 1" in text
     assert "GPU-hours lost: 8.0 to drains and repairs, 0.0 to faults before a drain" in text
     assert ("at stake as requested: 217.3 GPU-h (21.3 of jobs stopped by 1 drains at once; 1 drains waited for "
-            "their job)") in text
+            "their job, saving 341.3 GPU-h against stopping it)") in text
     assert r["notes"] == ["alert rates per 1,000 GPU-days are extrapolated from 6.67 GPU-days (x150): read the counts"]
     assert f"h2: sent to replace at {D + 90 * M:.0f}, drain 3 for reset" in text
 

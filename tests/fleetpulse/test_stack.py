@@ -110,6 +110,7 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(tmp_path, reque
     assert rows["gpu_heatmap"] == 64 and rows["alerts"] == int(ask("SELECT uniqExact(fingerprint, starts_at) "
                                                                    "FROM alerts"))
     assert "gpu-node-0001" in text["drains"] and "validation passed" in text["drains"]
+    assert "GPU-hours at stake" in text["drains"]  # what the drain cost (its job, when the lifecycle knew it yet)
     assert "closed" in text["breaker"] and "job-0000" in text["stragglers"] and "gpu-node-0004" in text["stragglers"]
     assert "GpuTempSlowdown" in text["alerts"] and "119" in text["top_xids"]
     # the incident timeline shows the drain (0001), the thermal page (0000) and the straggler (0004) as marks on the

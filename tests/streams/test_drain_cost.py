@@ -22,6 +22,7 @@ def test_a_drain_after_the_job_stops_nothing_and_costs_only_the_repair():
     cost = drain_cost("inspect", "after_jobs", 8.0, "llama", JOB, CFG)
     assert (cost["ranks_stopped"], cost["gpus_idled"], cost["gpu_hours_job"], cost["gpu_hours"]) == (
         "0", "8", "0.0", "192.0")
+    assert cost["gpu_hours_saved"] == "341.3"  # what stopping the 512-GPU job at once would have cost it
     assert cost["summary"].startswith("waits for llama to finish (512 GPUs)")
 
 
