@@ -261,7 +261,7 @@ class NvmlDevice:
             out["fabric_clique_id"] = int(info.cliqueId)
             raw = bytes(info.clusterUuid)
             out["fabric_cluster_uuid"] = str(uuid.UUID(bytes=raw)) if any(raw) else None
-            out["fabric_health_mask"] = int(getattr(info, "healthMask", 0)) if hasattr(info, "healthMask") else None
+            out["fabric_health_mask"] = int(info.healthMask) if hasattr(info, "healthMask") else None  # r535: none
         return out
 
     def _nvlink_sum(self, field: str, counters: tuple[int, ...]) -> int | None:

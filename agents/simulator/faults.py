@@ -191,18 +191,9 @@ class FaultInjector:
             if kind == "xid":
                 out += self._log(g, ts, spec.code, spec.message, spec.caused_by)
             elif kind == "ecc_dbe":
-                s.ecc_dbe_volatile[g] += 1
-                s.ecc_dbe_aggregate[g] += 1
-                s.remapped_uncorrectable[g] += 1
-                s.row_remap_pending[g] = True
-                out += self._log(g, ts, 48)
-                out.append(self._event(g, ts + 0.0005, 63))
-                s.last_xid[g] = 48
+                out += self._dbe(g, ts)
             elif kind == "row_remap_failure":
-                s.remapped_uncorrectable[g] += 1
-                s.row_remap_failure[g] = True
-                s.remap_banks_none[g] += 1  # the bank had no spare row left for it
-                out += self._log(g, ts, 64)
+                out += self._remap_failure(g, ts)
             elif kind == "gpu_lost":
                 out += self._log(g, ts, 79)
         if kind == "thermal_runaway":
@@ -215,23 +206,34 @@ class FaultInjector:
 
     def _fail_hard(self, inj: Injection) -> list[dict]:
         """A memory ramp's end: the failure it was heading for, as ecc_dbe or row_remap_failure logs it."""
-        spec, s, out = inj.spec, self.state, []
+        spec, out = inj.spec, []
         ts = self.start_ts + spec.at + spec.lead_s
         for g in inj.gpus.tolist():
             if spec.fails_with == "dbe":
-                s.ecc_dbe_volatile[g] += 1
-                s.ecc_dbe_aggregate[g] += 1
-                s.remapped_uncorrectable[g] += 1
-                s.row_remap_pending[g] = True
-                out += self._log(g, ts, 48)
-                out.append(self._event(g, ts + 0.0005, 63))
-                s.last_xid[g] = 48
+                out += self._dbe(g, ts)
             elif spec.fails_with == "row_remap_failure":
-                s.remapped_uncorrectable[g] += 1
-                s.row_remap_failure[g] = True
-                s.remap_banks_none[g] += 1
-                out += self._log(g, ts, 64)
+                out += self._remap_failure(g, ts)
         return out
+
+    def _dbe(self, g: int, ts: float) -> list[dict]:
+        """An uncorrectable ECC error: the counters, a row remap pending until reset, Xid 48 (and its 154), Xid 63."""
+        s = self.state
+        s.ecc_dbe_volatile[g] += 1
+        s.ecc_dbe_aggregate[g] += 1
+        s.remapped_uncorrectable[g] += 1
+        s.row_remap_pending[g] = True
+        out = self._log(g, ts, 48)
+        out.append(self._event(g, ts + 0.0005, 63))
+        s.last_xid[g] = 48
+        return out
+
+    def _remap_failure(self, g: int, ts: float) -> list[dict]:
+        """A row that cannot be remapped (its bank had no spare row left): the flags, Xid 64 (and its 154)."""
+        s = self.state
+        s.remapped_uncorrectable[g] += 1
+        s.row_remap_failure[g] = True
+        s.remap_banks_none[g] += 1
+        return self._log(g, ts, 64)
 
     def _flaps(self, inj: Injection, fx: Effects, t_prev: float, t_now: float) -> None:
         """The drops of a flapping link that fall in (t_prev, t_now], and the errors of the bad link meanwhile."""
