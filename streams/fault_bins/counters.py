@@ -9,7 +9,7 @@ from operator import itemgetter
 from schemas.analytics import FaultBin
 from schemas.limits import MAX_GPUS
 from streams.fault_bins.config import FaultBinConfig
-from streams.fault_bins.gpu_links import link_findings
+from streams.fault_bins.gpu_links import link_findings, quiet
 from streams.fault_bins.host_state import Finding, GpuMemo, HostState, norm_pci
 from streams.fault_bins.trends import corrected, trend_findings
 
@@ -184,9 +184,10 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
         if not memo.tr or corrected(g) != memo.tr[1]:  # corrected errors moved: their trend
             out += trend_findings(key, g, memo, ts, host, config)
             st.dirty = True
-        found, changed = link_findings(key, g, memo, ts, host, config, peers)
-        out += found
-        st.dirty = st.dirty or changed
+        if not quiet(g, memo):
+            found, changed = link_findings(key, g, memo, ts, host, config, peers)
+            out += found
+            st.dirty = st.dirty or changed
         memo.uuid, memo.pci, memo.ts, memo.last = uuid, norm_pci(g.get("pci_bus_id")), ts, cur
         if memo.miss:  # lost and missing_since are set only while samples miss the GPU
             memo.miss, memo.missing_since, memo.lost = 0, None, False

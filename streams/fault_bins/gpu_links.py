@@ -6,6 +6,7 @@ clears or the GPU is reset (GpuMemo.rebooted)."""
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Callable
 
 from schemas.analytics import FaultBin
@@ -22,6 +23,23 @@ HEALTH_FAULTS = (
 )
 UNTRAINED = frozenset({1, 2})  # not started, in progress
 EPISODES = ("pcie", "nvlink", "fabric")  # this module's keys in GpuMemo.ep
+_LINKS = itemgetter("pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max", "nvlink_links",
+                    "nvlink_active_mask", "fabric_status", "fabric_health_mask")
+
+
+def quiet(g: dict, memo: GpuMemo) -> bool:
+    """True when link_findings could neither find nor remember anything in this reading: every link at what its slot
+    allows, every NVLink link active and already counted, the fabric trained and known to be, no episode open. Most
+    readings of most GPUs: the rules skip them (the fault-bin step's hot path)."""
+    if memo.ep:
+        return False
+    try:
+        width, wmax, gen, gmax, links, mask, status, health = _LINKS(g)
+    except KeyError:  # a reading that leaves optional fields out
+        width, wmax, gen, gmax, links, mask, status, health = (g.get(f) for f in _LINKS.__reduce__()[1])
+    return (width == wmax and gen == gmax and not health
+            and (mask is None or not links or (mask.bit_count() == links and memo.links == links))
+            and (status != FABRIC_SUCCESS or memo.fabric_ok) and status not in UNTRAINED and status != FABRIC_FAILURE)
 
 
 def health_faults(mask: int | None) -> list[str]:
