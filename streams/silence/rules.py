@@ -73,6 +73,9 @@ class SilenceConfig(BaseModel):
                                   "speaking without samples) before MonitorBroken fires: one failed poll pages nobody")
     goodbye_s: float = Field(default=3600.0, gt=0, description="how long a goodbye is believed: a host that said it "
                              "stopped and is still silent after this counts as silent")
+    rejoin_s: float = Field(default=600.0, ge=0, description="a host still silent when the rest of its silent rack "
+                            "(or the fleet) reports again is judged on its own only this much later: after a power "
+                            "loss, hosts boot minutes apart")
     monitor_collectors: tuple[str, ...] = ("nvml", "dcgm")  # collectors that produce the samples
 
     @model_validator(mode="after")
@@ -106,6 +109,7 @@ class HostView:
     source: str = ""  # the topic-partition its latest sign of life came from ("samples:3", "agent:3")
     samples_source: str = ""  # the topic-partition its samples come from
     judged: str | None = None  # SINGLE, RACK or FLEET once judged
+    regrouped: float | None = None  # the clock when its rack's or the fleet's outage ended with it still silent
     monitor_since: float | None = None  # MonitorBroken firing since
     lost_gpus: int = 0  # GPUs its agent counts but its last sample had no row of
 
@@ -201,7 +205,7 @@ def judge(hosts: dict[str, HostView], jobs: dict[str, dict], groups: dict[str, d
     behind = {h: v for h, v in in_service.items() if clock - v.alive_ts >= cfg.silent_after_s}
     for h, v in hosts.items():
         if v.silent_since is not None and h not in behind:  # back, or gone on purpose
-            v.silent_since, v.judged, v.late = None, None, False
+            v.silent_since, v.judged, v.late, v.regrouped = None, None, False, None
             out.changed.add(h)
     for h, v in behind.items():
         if v.silent_since is None or v.alive_ts > v.silent_since:  # behind, or still heard from but late: wait anew
@@ -225,19 +229,22 @@ def judge(hosts: dict[str, HostView], jobs: dict[str, dict], groups: dict[str, d
         racks.setdefault(v.rack or f"host:{h}", []).append(h)
     # Silent together: a host already judged on its own (its fault sent) is no part of a later rack or fleet outage.
     together = {h: v for h, v in silent.items() if v.judged != SINGLE}
-    rack_out = {r: [h for h in members if h in together] for r, members in racks.items()}
-    rack_out = {r: s for r, s in rack_out.items() if not r.startswith("host:")
-                and len(s) >= cfg.rack_min_hosts and len(s) >= cfg.rack_share * len(racks[r])}
-    loose = [h for h, v in together.items() if v.rack not in rack_out]
-    fleet_out = len(rack_out) >= 2 or (
-        len(loose) >= max(cfg.fleet_min_hosts, cfg.fleet_share * len(in_service))
-        and len({together[h].rack or f"host:{h}" for h in loose}) > 1)
+    rack_out, fleet_out = _outages(together, racks, len(in_service), cfg)
+    # The same in event time alone: the hosts behind the clock, whether or not their wall waits are over. A host is
+    # judged on its own only when these would not make an outage of its rack or the fleet either: else it waits for
+    # them, so its verdict never depends on how fast the worker reads (a rack's hosts on a partition with no other
+    # traffic wait three wall waits, its other hosts one).
+    behind_together = {h: v for h, v in behind.items() if v.judged != SINGLE}
+    rack_maybe, fleet_maybe = _outages(behind_together, racks, len(in_service), cfg)
     due = {h for h, v in silent.items() if clock - v.alive_ts >= cfg.silent_after_s + cfg.group_wait_s}
-    _group_alerts(out, hosts, rack_out, racks, together, due, fleet_out, len(in_service), clock, cfg)
+    _group_alerts(out, hosts, rack_out, racks, behind_together, due, fleet_out, len(in_service), clock, cfg)
     for h, v in sorted(silent.items()):
-        if v.judged is not None or h not in due:
+        if v.judged is not None or h not in due or (v.regrouped is not None and clock - v.regrouped < cfg.rejoin_s):
             continue
-        v.judged = FLEET if fleet_out else RACK if v.rack in rack_out else SINGLE
+        verdict = FLEET if fleet_out else RACK if v.rack in rack_out else SINGLE
+        if verdict == SINGLE and (fleet_maybe or v.rack in rack_maybe):
+            continue
+        v.judged = verdict
         out.changed.add(h)
         if v.judged == SINGLE:
             peers = racks.get(v.rack or f"host:{h}", [])
@@ -255,27 +262,42 @@ def judge(hosts: dict[str, HostView], jobs: dict[str, dict], groups: dict[str, d
     return out
 
 
+def _outages(together: Mapping[str, HostView], racks: Mapping[str, list[str]], fleet_n: int,
+             cfg: SilenceConfig) -> tuple[dict[str, list[str]], bool]:
+    """The racks most of whose hosts are among `together` (their hosts in it), and whether the fleet is out."""
+    rack_out = {r: [h for h in members if h in together] for r, members in racks.items()}
+    rack_out = {r: s for r, s in rack_out.items() if not r.startswith("host:")
+                and len(s) >= cfg.rack_min_hosts and len(s) >= cfg.rack_share * len(racks[r])}
+    loose = [h for h, v in together.items() if v.rack not in rack_out]
+    fleet_out = len(rack_out) >= 2 or (
+        len(loose) >= max(cfg.fleet_min_hosts, cfg.fleet_share * fleet_n)
+        and len({together[h].rack or f"host:{h}" for h in loose}) > 1)
+    return rack_out, fleet_out
+
+
 def _in_service(v: HostView, clock: float, cfg: SilenceConfig) -> bool:
     """Heard from, in service, and not gone after a goodbye (a goodbye is believed for `goodbye_s`)."""
     return v.alive_ts > 0 and not v.oos and not (v.bye and clock - v.alive_ts < cfg.goodbye_s)
 
 
 def _group_alerts(out: Judgement, hosts: dict[str, HostView], rack_out: dict[str, list[str]],
-                  racks: dict[str, list[str]], silent: dict[str, HostView], due: set[str], fleet_out: bool,
+                  racks: dict[str, list[str]], behind: dict[str, HostView], due: set[str], fleet_out: bool,
                   fleet_n: int, clock: float, cfg: SilenceConfig) -> None:
     """Fire a rack's (the fleet's) alert when most of it goes silent together, resolve it once that is over. While
-    the fleet's fires, no rack's opens (one page for one outage; those already open stay). A host judged part of a
-    group that is over, and still silent, is judged again on its own."""
-    wanted = {f"rack:{r}": (RACK_SILENT, r, s, len(racks[r])) for r, s in rack_out.items()
-              if not fleet_out or f"rack:{r}" in out.groups}
+    the fleet's fires, no rack's opens (one page for one outage; those already open stay). An alert counts and names
+    every host of the outage behind the clock (`behind`), its wall wait over or not: the count is the outage's, not the
+    worker's pace. A host judged part of a group that is over, and still silent, is judged again on its own, `rejoin_s`
+    after the rest came back."""
+    wanted = {f"rack:{r}": (RACK_SILENT, r, [h for h in racks[r] if h in behind], len(racks[r]))
+              for r in rack_out if not fleet_out or f"rack:{r}" in out.groups}
     if fleet_out:
-        wanted["fleet"] = (FLEET_SILENT, "", list(silent), fleet_n)
+        wanted["fleet"] = (FLEET_SILENT, "", list(behind), fleet_n)
     for key, (name, rack, members, total) in wanted.items():
         if key in out.groups or not due.intersection(members):
             continue
-        since = min(silent[h].alive_ts for h in members)
+        since = min(behind[h].alive_ts for h in members)
         out.groups[key] = {"alertname": name, "rack": rack, "since": since, "hosts": len(members), "of": total}
-        where = f"rack {rack}" if rack else f"{len({silent[h].rack for h in members})} racks"
+        where = f"rack {rack}" if rack else f"{len({behind[h].rack for h in members})} racks"
         out.alerts.append(_group_alert("firing", name, rack, since, clock, len(members), total, members, where,
                                        cfg))
     for key, g in list(out.groups.items()):
@@ -284,7 +306,7 @@ def _group_alerts(out: Judgement, hosts: dict[str, HostView], rack_out: dict[str
             for h, v in hosts.items():
                 if v.judged == (FLEET if key == "fleet" else RACK) and (key == "fleet" or f"rack:{v.rack}" == key) \
                         and v.silent_since is not None:
-                    v.judged = None
+                    v.judged, v.regrouped = None, clock
                     out.changed.add(h)
             where = f"rack {g['rack']}" if g["rack"] else "the fleet"
             out.alerts.append(_group_alert("resolved", g["alertname"], g["rack"], g["since"], clock, 0, g["of"], [],
@@ -317,13 +339,18 @@ def _fault(host: str, v: HostView, clock: float, peers_reporting: int, peers: in
                f"{fleet_silent} of {fleet_n} hosts silent in the fleet: not a collector-network or broker outage"]
     if v.failing:
         reasons.append(f"its agent's last status: failing {', '.join(sorted(v.failing))}")
+    if v.regrouped is not None:
+        reasons.append(f"silent with its rack (or the fleet) until that outage ended at {v.regrouped:.0f}, and not "
+                       f"back {clock - v.regrouped:.0f} s later (rejoin_s {cfg.rejoin_s:g}): it did not come back "
+                       f"with the rest")
     return FaultEvent(
         fault_id=f"{host}/-/{SILENT_CODE}/{SILENT_BIN}/{int(v.alive_ts)}", ts=clock, host=host, rack=v.rack,
         code=SILENT_CODE, bin=SILENT_BIN, rule="silence", first_ts=v.alive_ts, last_ts=clock, reasons=reasons,
         evidence={"last_heard_ts": f"{v.alive_ts:.3f}", "last_sample_ts": f"{v.sample_ts:.3f}",
                   "silent_s": f"{silent_s:.1f}", "silent_after_s": f"{cfg.silent_after_s:g}",
                   "rack_reporting": str(peers_reporting), "rack_hosts": str(peers),
-                  "fleet_silent": str(fleet_silent), "fleet_hosts": str(fleet_n), "job": v.job or ""})
+                  "fleet_silent": str(fleet_silent), "fleet_hosts": str(fleet_n), "job": v.job or "",
+                  **({"outage_ended_ts": f"{v.regrouped:.3f}"} if v.regrouped is not None else {})})
 
 
 def _monitor(out: Judgement, host: str, v: HostView, behind: bool, silent: bool, clock: float,

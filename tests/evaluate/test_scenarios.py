@@ -279,6 +279,26 @@ async def test_host_silence_drains_the_dead_host_alerts_the_rack_once_and_leaves
     assert alert["rack"] == "rack-003" and len(alert["hosts"].split(",")) == 8, alert
 
 
+async def test_a_rack_back_from_a_power_loss_drains_only_the_host_that_stayed_dark(settings_env):
+    """rack-power, at the worker's default wall-clock waits: 18 hosts back in one instant, read in several batches, are
+    no host fault; the one whose power supply died is judged on its own after rejoin_s, and drained."""
+    r = await evaluate("rack-power")
+    landed_in_full(r)
+    dead, rack = r["fault_kinds"]["host_down"], r["fault_kinds"]["rack_down"]
+    assert (dead["recall"], dead["precision"], rack["recall"], rack["precision"]) == (1.0, 1.0, 1.0, 1.0), r
+    d = r["drains"]
+    assert (d["requested"], d["false"], d["hardware_expected"], d["hardware_drained"]) == (1, 0, 1, 1), d
+    assert r["alerts"]["pages_by_name"] == {"RackSilent": 1}, r["alerts"]
+    assert r["breaker"]["trips"] == 0, r["breaker"]
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    faults = _rows(settings, "SELECT host, toFloat64(ts) AS ts, evidence FROM faults WHERE code = 'host_silent'")
+    assert [f["host"] for f in faults] == ["gpu-node-0020"], faults
+    assert float(faults[0]["ts"]) - float(faults[0]["evidence"]["outage_ended_ts"]) >= 600, faults
+    alerts = _rows(settings, "SELECT status, rack, value FROM alerts WHERE alertname = 'RackSilent' ORDER BY ts")
+    assert [(a["status"], a["rack"]) for a in alerts] == [("firing", "rack-001"), ("resolved", "rack-001")], alerts
+    assert float(alerts[0]["value"]) == 18.0, alerts
+
+
 async def test_a_stalled_job_alerts_once_as_software_and_drains_nothing(settings_env):
     r = await evaluate("job-stall")
     landed_in_full(r)
