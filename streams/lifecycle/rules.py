@@ -319,6 +319,12 @@ def on_fault(n: Node, host: str, f: Mapping, cfg: LifecycleConfig) -> Out:
                           **{f"fault.{k}": v for k, v in (f.get("evidence") or {}).items()}}}
     if n.state in SCHEDULABLE:
         _propose(n, host, ts, cause, cfg, out)
+    elif n.state == DRAIN_REQUESTED and (n.cause or {}).get("mode") == "after_jobs" and mode == "immediate":
+        # The drain asked for after the job (a suspect) while the GPU now fails hard: the bot is asked again, now
+        # (Slurm requeues the job, Kubernetes evicts): the job would only crash on it
+        n.cause = _worse(n.cause, cause)
+        _request(n, host, "drain", ts, f"now, not after the job: {cause['reason']}", cfg, out,
+                 resend_of=(n.request or {}).get("event_id", ""))
     elif n.state in (DRAIN_REQUESTED, DRAINED):
         n.cause = _worse(n.cause, cause)
     elif n.state == REPAIRING and f["bin"] == "replace":

@@ -124,6 +124,23 @@ def test_suspect_below_the_threshold_long_enough_is_drained_after_jobs():
     assert drain.event_id == "h1:1:p1:drain" and "while suspect" in drain.reason
 
 
+def test_a_drain_after_the_job_is_asked_again_now_when_the_gpu_then_fails_hard():
+    """The bot waits for the job before draining a suspect; an uncorrectable error that follows must not wait: one
+    new drain request, mode immediate (Slurm requeues the job, Kubernetes evicts), the heavier repair kept; a second
+    hard fault asks nothing more, and the bot's answer to the new request drains the node."""
+    f = Fleet()
+    end = low_for(f, "h1", T0, 120)
+    end = low_for(f, "h1", end + 60, 600)
+    f.fault("h1", end + 30, "reset", code="ecc_dbe")
+    f.fault("h1", end + 40, "reboot", code="xid:79")
+    first, urgent = [r for r in f.requests if r.action == "drain"]
+    assert first.evidence["mode"] == "after_jobs" and urgent.evidence["mode"] == "immediate"
+    assert urgent.evidence["resend_of"] == first.event_id and urgent.evidence["repair"] == "inspect"
+    assert urgent.reason.startswith("now, not after the job: fault ecc_dbe -> reset"), urgent.reason
+    f.result("h1", end + 60, "drain", event_id=urgent.event_id)
+    assert f.path("h1")[-3:] == ["drain_requested", "drained", "repairing"]
+
+
 def test_a_hard_gate_drains_at_once_without_dwell_and_old_gates_do_not():
     f = Fleet()
     f.health("h1", T0, 100.0)
