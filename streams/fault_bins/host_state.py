@@ -151,6 +151,7 @@ class HostState:
     hwm: float = 0.0  # newest HostEvent time applied (its own: the kernel's host lines and XIDs come on two topics)
     hdigests: dict[str, float] = field(default_factory=dict)  # HostEvents applied within the replay slack of hwm
     ports: dict[str, PortMemo] = field(default_factory=dict)  # "mlx5_0/1" -> the port's memory
+    job: str | None = None  # the job its newest sample names: each fault says what it hits (a drain's cost)
     dirty: bool = field(default=False, compare=False)  # changed in a way a rule reads (not serialised)
 
     def memo(self, gpu: str) -> GpuMemo:
@@ -164,7 +165,7 @@ class HostState:
                 "dig": self.digests, "drv": self.driver, "gpus": {k: m.to_json() for k, m in self.gpus.items()},
                 "open": {k: w.to_json() for k, w in self.open.items()}, "wr": self.written, "nwm": self.nwm,
                 "nseq": self.nseq, "hwm": self.hwm, "hdig": self.hdigests,
-                "ports": {k: p.to_json() for k, p in self.ports.items()}}
+                "ports": {k: p.to_json() for k, p in self.ports.items()}, "job": self.job}
 
     @classmethod
     def from_json(cls, raw: dict | None) -> HostState:
@@ -174,7 +175,7 @@ class HostState:
                    {k: GpuMemo.from_json(m) for k, m in raw["gpus"].items()},
                    {k: Window.from_json(w) for k, w in raw["open"].items()}, raw["wr"], raw.get("nwm", 0.0),
                    raw.get("nseq", -1), raw.get("hwm", 0.0), dict(raw.get("hdig", {})),  # .get: older states
-                   {k: PortMemo.from_json(p) for k, p in raw.get("ports", {}).items()})
+                   {k: PortMemo.from_json(p) for k, p in raw.get("ports", {}).items()}, raw.get("job"))
 
     def copy(self) -> HostState:
         return HostState.from_json(self.to_json())
@@ -196,15 +197,15 @@ def fault_id(host: str, gpu: str, code: str, bin_: str, first_ts: float) -> str:
     return hashlib.sha256(f"{host}|{gpu}|{code}|{bin_}|{first_ts:.6f}".encode()).hexdigest()[:20]
 
 
-def to_event(host: str, rack: str, w: Window, ts: float, emission: str, config: FaultBinConfig) -> FaultEvent:
+def to_event(host: str, st: HostState, w: Window, ts: float, emission: str, config: FaultBinConfig) -> FaultEvent:
     f = w.finding
     evidence = {**f.evidence, "emission": emission, "dedup_window_s": f"{config.dedup_window_s:g}",
-                "dedup_window_end": f"{w.first_ts + config.dedup_window_s:.3f}"}
+                "dedup_window_end": f"{w.first_ts + config.dedup_window_s:.3f}", **({"job": st.job} if st.job else {})}
     reasons = list(f.reasons)
     if emission == "summary":
         reasons.append(f"{w.count} occurrences of {f.code} on {host} GPU {f.gpu} between {w.first_ts:.3f} and "
                        f"{w.last_ts:.3f}, folded into this event (one per {config.dedup_window_s:g} s window)")
-    return FaultEvent(fault_id=w.fault_id, ts=ts, host=host, rack=rack, gpu_index=f.gpu_index, gpu_uuid=f.gpu_uuid,
+    return FaultEvent(fault_id=w.fault_id, ts=ts, host=host, rack=st.rack, gpu_index=f.gpu_index, gpu_uuid=f.gpu_uuid,
                       code=f.code, bin=f.bin, catalog_action=f.action, rule=f.rule, count=w.count,
                       first_ts=w.first_ts, last_ts=w.last_ts, reasons=reasons, evidence=evidence)
 
@@ -219,7 +220,7 @@ def record(st: HostState, host: str, f: Finding, ts: float, config: FaultBinConf
         return None
     w = Window(fault_id(host, f.gpu, f.code, f.bin, ts), f, ts, ts, f.count, f.count)
     st.open[key] = w
-    return to_event(host, st.rack, w, ts, "first", config)
+    return to_event(host, st, w, ts, "first", config)
 
 
 def close_due(st: HostState, host: str, until: float, config: FaultBinConfig) -> list[FaultEvent]:
@@ -231,5 +232,5 @@ def close_due(st: HostState, host: str, until: float, config: FaultBinConfig) ->
             del st.open[key]
             if w.count > w.emitted:
                 w.emitted = w.count
-                out.append(to_event(host, st.rack, w, end, "summary", config))
+                out.append(to_event(host, st, w, end, "summary", config))
     return out

@@ -213,6 +213,8 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
         out += closed
         if kind == "sample":
             st.swm = ts
+            if r.get("job") != st.job:
+                st.job, st.dirty = r.get("job"), True
             findings = apply_sample(st, host, r, config, rules)
         elif kind == "net":
             st.nwm = ts

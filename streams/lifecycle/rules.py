@@ -309,6 +309,8 @@ def on_fault(n: Node, host: str, f: Mapping, cfg: LifecycleConfig) -> Out:
     if f["fault_id"] in n.faults:
         return out  # a replay, or the storm summary of a fault already acted on
     n.faults = [*n.faults, f["fault_id"]][-cfg.faults_kept:]
+    if n.job is None and (f.get("evidence") or {}).get("job"):  # a fault read before the node's first health row:
+        n.job = f["evidence"]["job"]  # the job its samples named (the fleet step hears it before the proposal)
     _tick(n, host, ts, cfg, out)
     if f["bin"] not in cfg.drain_bins or ts <= n.returned_at:
         return out
