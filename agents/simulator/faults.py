@@ -145,9 +145,10 @@ class FaultInjector:
                     and not spec.whole_rack and inj.host == host):
                 inj.ended = True
             # a repair reseats or replaces what a port fault names, resets the NIC, replaces the disk; it reseats the
-            # GPU, trains its links again, restarts the Fabric Manager, replaces the failing memory
+            # GPU, trains its links again, restarts the Fabric Manager, replaces the failing memory; a rack-scale
+            # NVLink domain's (whole_rack) comes back with the first of its trays' repairs (its shared part's)
             if (inj.started and not inj.ended and spec.kind in REPAIRED and spec.duration is None
-                    and inj.host == host):
+                    and host in inj.hosts):
                 inj.ended = True
         self.rebooted.append(host)
 

@@ -80,6 +80,7 @@ class Fleet:
     jobs: list[Job]
     host_job: np.ndarray  # job index per host, -1 = no job
     uuids: list[list[str]] = field(repr=False)
+    domain_hosts: int = 1  # hosts per NVLink domain (fabric clique), packed from host 0
     pci_ids: tuple[str, ...] = tuple(pci_bus_id(i) for i in range(GPUS_PER_HOST))
 
     @property
@@ -135,7 +136,7 @@ def _pack_jobs(n_hosts: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
 
 def build_fleet(n_hosts: int, *, seed: int = 0, cluster: str = "sim", gpu_model: str = "H100",
                 hosts_per_rack: int = 16, driver_version: str = "550.127.08",
-                jobs: Sequence[int] | None = None) -> Fleet:
+                jobs: Sequence[int] | None = None, domain_hosts: int = 1) -> Fleet:
     """Lay out `n_hosts` hosts: names gpu-node-0000.., racks rack-000.., jobs job-0000...
 
     `jobs` gives each job's host count (a scenario written for one 1,024-rank job); None = a seeded random layout.
@@ -154,4 +155,5 @@ def build_fleet(n_hosts: int, *, seed: int = 0, cluster: str = "sim", gpu_model:
         placed.append(Job(j, f"job-{j:04d}", tuple(range(first, first + size))))
         host_job[first:first + size] = j
     uuids = [[gpu_uuid(cluster, h, i) for i in range(GPUS_PER_HOST)] for h in hosts]
-    return Fleet(cluster, DEVICES[gpu_model], driver_version, hosts, racks, placed, host_job, uuids)
+    return Fleet(cluster, DEVICES[gpu_model], driver_version, hosts, racks, placed, host_job, uuids,
+                 domain_hosts=domain_hosts)

@@ -148,6 +148,8 @@ class NvlinkInactive(_Fault):
 
     kind: Literal["nvlink_inactive"]
     links: int = Field(default=18, ge=1, le=18, description="how many links go inactive")
+    whole_rack: bool = Field(default=False, description="every GPU of every host of the target's rack (a rack-scale "
+                             "NVLink domain whose switch trays fail)")
 
 
 class FabricDown(_Fault):
@@ -156,6 +158,8 @@ class FabricDown(_Fault):
     unless `gpu` names one."""
 
     kind: Literal["fabric_down"]
+    whole_rack: bool = Field(default=False, description="every host of the target's rack (a rack-scale NVLink "
+                             "domain whose Fabric Manager is down)")
 
 
 class GpuLost(_Fault):

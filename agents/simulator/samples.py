@@ -70,9 +70,10 @@ def _columns(fleet: Fleet, s: GpuState) -> dict[str, list]:
         "nvlink_recovery_errors": s.nvlink_recovery.tolist(),
         "nvlink_links": const(spec.nvlink_links),
         "nvlink_active_mask": s.nvlink_mask.tolist(),
-        # an HGX board is its own NVLink domain: one clique per host, one fabric cluster per simulated cluster
+        # one clique per NVLink domain (an HGX board: its host; an NVL72 rack: its 18 trays), one fabric cluster per
+        # simulated cluster
         "fabric_status": s.fabric_status.tolist(),
-        "fabric_clique_id": np.repeat(np.arange(1, fleet.n_hosts + 1), GPUS_PER_HOST).tolist(),
+        "fabric_clique_id": np.repeat(np.arange(fleet.n_hosts) // fleet.domain_hosts + 1, GPUS_PER_HOST).tolist(),
         "fabric_cluster_uuid": const(str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{fleet.cluster}.fleetpulse"))),
         "fabric_health_mask": const(0),
         "last_xid": [None if x < 0 else x for x in s.last_xid.tolist()],

@@ -30,6 +30,9 @@ class FleetSpec(_Block):
     jobs: list[Annotated[int, Field(ge=1)]] | None = Field(
         default=None, description="host count of each job, packed from host 0; omitted = the seeded random layout")
     hosts_per_rack: int = Field(default=16, ge=1)
+    nvlink_domain_hosts: int = Field(default=1, ge=1, le=72, description="hosts (trays) per NVLink domain, packed "
+                                     "from host 0: 1 = each HGX board its own domain; 18 = GB200 NVL72 (one fabric "
+                                     "clique per 18 trays)")
     rack_budgets_w: dict[str, PositiveFloat] = Field(
         default_factory=dict, description="rack power budgets, carried for the stream worker (the simulator ignores)")
 

@@ -42,8 +42,9 @@ FLEET_TOKENS = frozenset({"alert:FleetSilent"})
 SILENCE_FAULTS = frozenset({"host_silent"})
 SILENCE_ALERTS = frozenset({"RackSilent", "FleetSilent", "MonitorBroken", "JobStalled"})
 BREAKER_ALERT = "FleetDrainBreakerOpen"
-# One per GPU, and one per rack, over its conditions (streams/power_thermal/rules.py): the pages.
-INCIDENT_ALERTS = frozenset({"GpuIncident", "RackIncident"})
+# One per GPU, and one per rack, over its conditions (streams/power_thermal/rules.py), and one per NVLink domain over
+# its trays' faults (streams/lifecycle/domains.py): the pages.
+INCIDENT_ALERTS = frozenset({"GpuIncident", "RackIncident", "NvlinkDomainDown"})
 DETECTION_PREFIXES = ("fault:", "alert:", "straggler")
 OUT_OF_SERVICE = frozenset({"drain_requested", "drained", "repairing", "validating", "replace"})
 

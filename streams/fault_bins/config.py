@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 DAY_S = 86_400.0
@@ -57,6 +59,11 @@ class FaultBinConfig(BaseModel):
     # this long: degraded. A fabric that stops being trained for this long after it was is down.
     gpu_link_degraded_s: float = Field(default=60.0, ge=0, le=DAY_S)
     pcie_busy_util_pct: float = Field(default=50.0, ge=0, le=100)
+    # The NVLink domain a GPU's link and fabric faults name (evidence `domain`), so the lifecycle sees one domain's
+    # trays failing together as one incident: "fabric" the GPU's own fabric cluster UUID and clique id (NVML; an HGX
+    # board is a domain of its own), none when it reports no cluster; "rack" a rack is one domain (GB200 NVL72 racks
+    # whose collectors report no fabric: dcgm-exporter carries no cluster UUID), the fabric's when it reports one.
+    nvlink_domain: Literal["fabric", "rack"] = "fabric"
     # NVLink recovery (link retrain) errors: DCGM treats any as critical (DCGM_LIMIT_MAX_NVLINK_ERROR 1).
     nvlink_recovery_max: int = Field(default=0, ge=0, description="recoveries tolerated per window")
     nvlink_recovery_window_s: float = Field(default=60.0, gt=0)

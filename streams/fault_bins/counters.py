@@ -185,7 +185,7 @@ def apply_sample(st: HostState, host: str, s: dict, config: FaultBinConfig,
             out += trend_findings(key, g, memo, ts, host, config)
             st.dirty = True
         if not quiet(g, memo):
-            found, changed = link_findings(key, g, memo, ts, host, config, peers)
+            found, changed = link_findings(key, g, memo, ts, host, config, peers, st.rack)
             out += found
             st.dirty = st.dirty or changed
         memo.uuid, memo.pci, memo.ts, memo.last = uuid, norm_pci(g.get("pci_bus_id")), ts, cur

@@ -72,13 +72,24 @@ def _finding(key: str, g: dict, code: str, bin_: FaultBin, action: str, reason: 
     return Finding(key, code, bin_.value, code, action, 1, [reason], ev, g["index"], g.get("uuid"))
 
 
+def domain_of(g: dict, rack: str, config: FaultBinConfig) -> str | None:
+    """The GPU's NVLink domain: its fabric cluster and clique ('<cluster uuid>/<clique>'), else its rack where racks
+    are domains (config.nvlink_domain 'rack': 'rack:<rack>'), else None."""
+    cluster = g.get("fabric_cluster_uuid")
+    if cluster:
+        return f"{cluster}/{g.get('fabric_clique_id')}"
+    return f"rack:{rack}" if config.nvlink_domain == "rack" and rack else None
+
+
 def link_findings(key: str, g: dict, memo: GpuMemo, ts: float, host: str, config: FaultBinConfig,
-                  peers: Callable[[int], int]) -> tuple[list[Finding], bool]:
+                  peers: Callable[[int], int], rack: str = "") -> tuple[list[Finding], bool]:
     """(findings, whether the GPU's link memory changed) for one reading. `peers(links)`: the most NVLink links active
-    on another GPU of the host that has `links` links, in this sample."""
+    on another GPU of the host that has `links` links, in this sample. NVLink and fabric findings name the GPU's
+    NVLink domain (`domain`, domain_of) when it has one."""
     out: list[Finding] = []
     before = (sum(k in memo.ep for k in EPISODES), memo.links, memo.fabric_ok)
     where, after = f"{host} GPU {key}", config.gpu_link_degraded_s
+    domain = {"domain": d} if (d := domain_of(g, rack, config)) else {}
     # PCIe: fewer lanes than the slot allows is never power saving; a lower generation is, on an idle GPU
     width, wmax, gen, gmax = (g.get("pcie_link_width"), g.get("pcie_link_width_max"), g.get("pcie_link_gen"),
                               g.get("pcie_link_gen_max"))
@@ -107,7 +118,7 @@ def link_findings(key: str, g: dict, memo: GpuMemo, ts: float, host: str, config
                 f"{expected} were (this GPU had {memo.links}, its host's other GPUs have {peers(links)}); inactive: "
                 f"{','.join(map(str, idle))}: collectives over them fail or fall back to slower paths; a GPU reset "
                 f"trains the links again, a link that stays down after it goes to a person", ep, links=links,
-                active=active, expected=expected, active_mask=hex(mask)))
+                active=active, expected=expected, active_mask=hex(mask), **domain))
     # Fabric: a failed training or a health mask naming a fault at once; a trained fabric lost for a while
     status, health = g.get("fabric_status"), g.get("fabric_health_mask")
     if status == FABRIC_SUCCESS:
@@ -123,6 +134,6 @@ def link_findings(key: str, g: dict, memo: GpuMemo, ts: float, host: str, config
             f"{where}: {what} since {ep[0]:.3f} ({ep[1]} samples){', after it was trained' if lost else ''}: the GPU "
             f"cannot use its NVLink domain and new CUDA jobs fail to start; restart the Fabric Manager or reset the "
             f"fabric (a reboot does both)", ep, fabric_status=status, health_mask=hex(health or 0),
-            clique_id=g.get("fabric_clique_id"), cluster_uuid=g.get("fabric_cluster_uuid")))
+            clique_id=g.get("fabric_clique_id"), cluster_uuid=g.get("fabric_cluster_uuid"), **domain))
     ongoing = sum(k in memo.ep for k in EPISODES)  # an episode counts its samples: written each one
     return out, (ongoing, memo.links, memo.fabric_ok) != before or ongoing > 0

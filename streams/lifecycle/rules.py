@@ -63,6 +63,10 @@ class LifecycleConfig(BaseModel):
     job_restart_s: float = Field(default=600.0, ge=0, description="a stopped job's restart from its checkpoint")
     checkpoint_interval_s: float = Field(default=3600.0, ge=0, description="between a job's checkpoints: a job "
                                          "stopped at a random moment loses half of it")
+    domain_min_hosts: int = Field(default=2, ge=2, description=(
+        "trays of one NVLink domain admitted for link or fabric faults within domain_window_s: one incident of the "
+        "domain (one page, one breaker entry; later trays join it), streams/lifecycle/domains.py"))
+    domain_window_s: float = Field(default=600.0, gt=0, le=86_400)
     batch_within_s: float = Field(default=0.05, gt=0, le=5, description="XID -> drain request: 2 s p95 budget")
     minute_lateness_s: float = Field(default=30.0, ge=0, le=3600, description=(
         "usable compute for a minute is reported once the fleet's event clock is this far past its end, so a drain "
@@ -345,13 +349,14 @@ def on_decision(n: Node, host: str, d: Mapping, cfg: LifecycleConfig) -> Out:
         n.busbw = [float(d["busbw_median_gbs"]), int(d["busbw_n"])]
     cause, n.proposal = n.proposal["cause"], None
     cost = {f"cost.{k}": v for k, v in (d.get("cost") or {}).items()}  # the fleet step's estimate (cost.py)
+    incident = {k: d[k] for k in ("incident", "incident_hosts") if d.get(k)}  # its domain's (domains.py)
     if d["admitted"]:
         cause = _recurring(n, cause, ts, cfg)
         n.episode, n.cause, n.denied_at = n.episode + 1, cause, None
         n.request = {"action": "drain", "event_id": d["event_id"], "ts": ts, "attempt": 1, "requirements": {},
                      "due": ts + cfg.request_timeout_s["drain"]}
         evidence = {**cause["evidence"], "repair": cause["repair"], "mode": cause["mode"], "breaker": d["reason"],
-                    **cost}
+                    **cost, **incident}
         reason = cause["reason"] + (f"; {d['cost']['summary']}" if cost else "")
         _go(n, host, DRAIN_REQUESTED, ts, reason, {**evidence, "event_id": d["event_id"]}, out)
         out.requests.append(DrainEvent(event_id=d["event_id"], host=host, action="drain", ts=ts,
@@ -422,6 +427,7 @@ def on_result(n: Node, host: str, r: Mapping, cfg: LifecycleConfig) -> Out:
         gbs = (r.get("measurements") or {}).get("nccl_busbw_gbs")
         if gbs is not None:
             out.reports.append({"kind": "busbw", "host": host, "ts": ts, "gbs": float(gbs)})
+        out.reports.append({"kind": "back", "host": host, "ts": ts})  # an incident of its domain may end
         _go(n, host, HEALTHY, ts, "validation passed", {**detail, **{f"required.{k}": v for k, v in
                                                                      req["requirements"].items()}}, out)
         _request(n, host, "undrain", ts, "validation passed", cfg, out)

@@ -26,8 +26,10 @@ from schemas.topics import (
     ALERTS, DRAIN, FAULTS, HEALTH, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET, NODE_STATE, REMEDIATION, USABLE,
 )
 from streams.lifecycle import rules as lc
-from streams.lifecycle.breaker import Breaker, BreakerConfig, add_busbw, breaker_config, decide, reset
+from schemas.analytics import Alert
+from streams.lifecycle.breaker import Breaker, BreakerConfig, Verdict, add_busbw, breaker_config, decide, reset
 from streams.lifecycle.cost import drain_cost
+from streams.lifecycle.domains import Incident, domain_of
 from streams.lifecycle.usable_compute import (
     add_change, changed, fleet_usable, fold, known_nodes, minutes_due, node_share,
 )
@@ -37,12 +39,12 @@ NODES, FLEET = "nodes", "fleet"
 log = logging.getLogger("fleetpulse.streams.lifecycle")
 FLEET_KEY = b"fleet"
 HANDLERS = {"health": lc.on_health, "fault": lc.on_fault, "result": lc.on_result, "decision": lc.on_decision}
-FLEET_KINDS = ("drain", "busbw", "share", "job", "tick", "close", "reset")
+FLEET_KINDS = ("drain", "busbw", "share", "job", "tick", "close", "reset", "back")
 NUMBER, HOST = (int, float), ("host", (str,))
 SHAPES = {"decision": (("proposal_id", (str,)), ("admitted", (bool,)), ("event_id", (str,))),
           "drain": (HOST, ("proposal_id", (str,)), ("repair", (str,)), ("evidence", (dict,))),
           "busbw": (HOST, ("gbs", NUMBER)), "share": (HOST, ("share", (list,))),
-          "job": (HOST, ("job", (str, type(None))))}
+          "job": (HOST, ("job", (str, type(None)))), "back": (HOST,)}
 
 
 @dataclass(frozen=True)
@@ -182,8 +184,13 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
         if last is not None and last != state.get(FLEET, "minute"):
             state.put(FLEET, "minute", last)
         if kind == "drain":
-            v = decide(b, rec, state.get(FLEET, f"decided:{rec['host']}"), _fleet_size(state), cfg.breaker,
-                       _installed(state, rec["host"]))
+            prior = state.get(FLEET, f"decided:{rec['host']}")
+            domain = domain_of(rec)
+            if domain is not None and not (prior is not None and prior[0] == rec["proposal_id"]):
+                v, page = _domain_drain(state, b, rec, prior, domain, cfg)
+                out += [Emit(ALERTS, FLEET_KEY, encode(page), page.summary, logging.WARNING)] if page else []
+            else:
+                v = decide(b, rec, prior, _fleet_size(state), cfg.breaker, _installed(state, rec["host"]))
             state.put(FLEET, f"decided:{rec['host']}", v.decided)
             touched = True
             if v.decision is None:
@@ -204,6 +211,8 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
                 state.put(FLEET, f"job:{rec['host']}", rec["job"])
             elif state.get(FLEET, f"job:{rec['host']}") is not None:
                 state.delete(FLEET, f"job:{rec['host']}")
+        elif kind == "back":
+            out += [Emit(ALERTS, FLEET_KEY, encode(page), page.summary) for page in _back(state, rec, cfg.node)]
         elif kind == "reset":
             alert = reset(b, rec)
             touched = True
@@ -214,6 +223,55 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
                 out.append(Emit(ALERTS, FLEET_KEY, encode(alert), why, logging.WARNING))
     if touched:
         state.put(FLEET, "breaker", b.to_json())
+    return out
+
+
+def _domain_drain(state: State, b: Breaker, rec: dict, prior: list | None, domain: str,
+                  cfg: LifecycleStageConfig) -> tuple[Verdict, Alert | None]:
+    """A drain proposal for a fault of an NVLink domain (domains.py): joined to the domain's open incident without the
+    breaker, or decided by it; the domain_min_hosts-th tray admitted within the window opens the incident (its page,
+    and one breaker entry for it)."""
+    host, ts, node = rec["host"], float(rec["ts"]), cfg.node
+    inc = Incident.from_json(state.get(FLEET, f"domain:{domain}"))
+    if inc is None or (not inc.open and ts - inc.since > node.domain_window_s):
+        inc = Incident(domain, ts)
+    page = None
+    if inc.open:
+        inc.add(host, rec["evidence"]["code"])
+        reason = (f"part of NVLink domain {domain}'s incident since {inc.since:.0f} ({len(inc.hosts)} trays): "
+                  f"admitted with it, not counted again by the breaker")
+        v = Verdict({"kind": "decision", "proposal_id": rec["proposal_id"], "host": host, "ts": ts, "admitted": True,
+                     "reason": reason, "event_id": f"{rec['proposal_id']}:drain", "busbw_median_gbs": b.median()[0],
+                     "busbw_n": b.median()[1]}, None, [rec["proposal_id"], True, f"{rec['proposal_id']}:drain", reason])
+    else:
+        v = decide(b, rec, prior, _fleet_size(state), cfg.breaker, _installed(state, host))
+        if v.decision is not None and v.decision["admitted"]:
+            inc.add(host, rec["evidence"]["code"])
+            if len(inc.hosts) >= node.domain_min_hosts:
+                inc.open = True  # the incident keeps its first tray's breaker entry, not the others'
+                b.window = [w for w in b.window if w[1] == inc.hosts[0] or w[1] not in inc.hosts]
+                page = inc.page("firing", ts, node.domain_min_hosts, node.domain_window_s)
+    if inc.open and v.decision is not None:
+        v.decision.update(incident=domain, incident_hosts=str(len(inc.hosts)))
+    if inc.hosts:
+        state.put(FLEET, f"domain:{domain}", inc.to_json())
+    return v, page
+
+
+def _back(state: State, rec: dict, cfg: lc.LifecycleConfig) -> list[Alert]:
+    """A node validated back into service: an open incident all of whose trays are back ends, its page resolved."""
+    out = []
+    for key, raw in list(state.scan(FLEET, "domain:").items()):
+        inc = Incident.from_json(raw)
+        if rec["host"] not in inc.hosts or rec["host"] in inc.back:
+            continue
+        inc.back.append(rec["host"])
+        if len(inc.back) < len(inc.hosts):
+            state.put(FLEET, key, inc.to_json())
+            continue
+        state.delete(FLEET, key)
+        if inc.open:
+            out.append(inc.page("resolved", float(rec["ts"]), cfg.domain_min_hosts, cfg.domain_window_s))
     return out
 
 

@@ -148,6 +148,27 @@ async def test_faults_with_no_xid_drain_what_they_must_and_a_stalled_collector_o
     assert d["no_drain_faults"] == 4 and d["no_drain_drained"] == 0, d
 
 
+async def test_a_fabric_manager_down_across_an_18_tray_domain_is_one_incident_not_18(settings_env):
+    """gpu-domain: the 18 trays of one NVLink domain lose their fabric together: each drained, as one incident (one
+    page, the breaker counting the domain once and never tripping); a lone tray's fabric in another domain drains by
+    itself; every tray validates back and the page resolves."""
+    r = await evaluate("gpu-domain")
+    landed_in_full(r)
+    k = r["fault_kinds"]["fabric_down"]
+    assert (k["recall"], k["precision"], k["drain"]["requested"]) == (1.0, 1.0, 19), k
+    d = r["drains"]
+    assert d["requested"] == d["true"] == 19 and d["false"] == 0, d
+    assert r["breaker"]["trips"] == 0, r["breaker"]
+    assert r["alerts"]["pages_by_name"] == {"NvlinkDomainDown": 1}, r["alerts"]
+    settings = load(CommonSettings, clickhouse_database=r["database"])
+    pages = _rows(settings, "SELECT status, value, labels['domain'] AS domain FROM alerts "
+                            "WHERE alertname = 'NvlinkDomainDown' ORDER BY ts")
+    assert [p["status"] for p in pages] == ["firing", "resolved"] and float(pages[1]["value"]) == 18.0, pages
+    drains = _rows(settings, "SELECT host, evidence['incident'] AS incident FROM drain_events WHERE action = 'drain'")
+    joined = {row["host"] for row in drains if row["incident"] == pages[0]["domain"]}
+    assert len(joined) == 17 and "gpu-node-0040" not in joined, drains  # the first tray's went out before its peers'
+
+
 async def test_gpus_whose_corrected_errors_climb_are_suspect_before_they_fail_and_drained_after_their_job(settings_env):
     """Three memory ramps: each GPU suspect (ecc_trend) before its failure, drained with mode after_jobs (its job's
     ranks not stopped), no GPU with a steady trickle called suspect, no drain at once."""

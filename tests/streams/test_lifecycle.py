@@ -180,7 +180,8 @@ def test_fault_bins_drain_then_repair_validate_and_return(bin_, repair):
     assert validate.requirements == {"dcgm_diag_level": CFG.dcgm_level[repair]}  # no fleet median yet
     f.result("h1", T0 + 900, "validate", dcgm_diag_level=4, nccl_busbw_gbs=410.0)
     assert f.path("h1")[-1] == "healthy" and f.actions("h1")[-1] == "undrain"
-    assert f.reports == [{"kind": "busbw", "host": "h1", "ts": T0 + 900, "gbs": 410.0}]
+    assert f.reports == [{"kind": "busbw", "host": "h1", "ts": T0 + 900, "gbs": 410.0},
+                         {"kind": "back", "host": "h1", "ts": T0 + 900}]  # an incident of its domain may end
     n = f.node("h1")
     assert (n.returned_at, n.cause, n.request, n.episode) == (T0 + 900, None, None, 1)
     f.health("h1", T0 + 910, 20.0, {"gpu3/fault_bin:" + bin_: T0 + 1})  # the health gate of the fault just fixed
