@@ -4,6 +4,7 @@
     python -m fleetpulse.evaluate.sweep episodes [--durations 30,60,...]
     python -m fleetpulse.evaluate.sweep stragglers [--pcts 5,7,...] [--ranks 16,128,...] [--durations 30,60,...]
     python -m fleetpulse.evaluate.sweep outages
+    python -m fleetpulse.evaluate.sweep crashes [--crashes 2,5,...] [--every 120,600,...]
 
 Each cell simulates a small fleet with the fault on one GPU and runs every stage on it one record at a time, each
 output delivered at once to the steps that read it (streams/runtime/offline.py: what a never-lagging worker decides;
@@ -13,8 +14,9 @@ simulator's truth says it should (agents/simulator/truth.py) and paged at most `
 thermal runaway or power cap of each duration, which must page once at most, drain nothing, and alert exactly when
 it outlasts its rule's dwell (a power cap: as soon as a sample sees the limit under the board's default).
 Outages: a host down, a port's link down, slower or flapping, a NIC failed, each of several lengths, on one host of 8;
-drained exactly when truth says so. Stragglers: one slow rank per cell through the straggler scoring core
-(fleetpulse/evaluate/straggler_sweep.py).
+drained exactly when truth says so. Crashes: one job crashing again and again (the application, not the hardware),
+each crash logging a teardown's Xid 13, 43 and 45 on its GPUs: no drain, no escalation, whatever the count and the
+spacing. Stragglers: one slow rank per cell through the straggler scoring core (fleetpulse/evaluate/straggler_sweep.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import argparse
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -31,7 +33,7 @@ from agents.simulator.runner import FleetSimulator
 from agents.simulator.truth import POWER_LIMIT_REDUCED
 from fleetpulse.evaluate import straggler_sweep
 from schemas.codec import encode
-from schemas.topics import AGENT, ALERTS, DRAIN, HOST_EVENTS, NET, SAMPLES, XID
+from schemas.topics import AGENT, ALERTS, DRAIN, FAULTS, HOST_EVENTS, NET, SAMPLES, XID
 from streams import registry
 from streams.runtime.offline import delivery_order, offline_steps
 from streams.settings import streams_settings
@@ -41,6 +43,7 @@ PERIODS = (30.0, 60.0, 180.0, 300.0, 600.0, 1200.0, 2400.0, 3600.0)
 DUTIES = (0.1, 0.25, 0.5, 0.75, 0.9)
 EPISODE_DURATIONS = (30.0, 60.0, 120.0, 240.0, 300.0, 360.0, 600.0)
 OUTAGE_DURATIONS = (30.0, 60.0, 120.0, 180.0, 300.0, 900.0, None)
+CRASHES, CRASH_EVERY_S = (2, 5, 8, 20), (120.0, 600.0, 1800.0, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,15 @@ class Cell:
     alerts: tuple[str, ...] = ()  # the conditions that fired (not the incidents), by name
     most_firings: int = 0  # the most times one condition fired
     elsewhere: int = 0  # drains of hosts the fault was not on
+    escalated: int = 0  # faults a history rule escalated (escalation_*)
+    codes: tuple[str, ...] = ()  # the codes of the faults published
 
     @property
     def pages_per_hour(self) -> float:
         return self.pages / self.hours
 
     def ok(self, max_pages_per_hour: float) -> bool:
-        if self.elsewhere:
+        if self.elsewhere or (self.escalated and self.truth != "drain"):
             return False
         if self.truth.startswith(("alert once", "nothing")):  # an episode: judged by what it raised
             raised = ("nothing" if not self.alerts else "alert once" if self.most_firings == 1 else
@@ -73,11 +78,14 @@ class Cell:
 
 
 def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 10.0, seed: int = 1,
-             outcome: str | Callable[[list[dict]], str] | None = None) -> Cell:
-    """`fault` (a scenario fault) on a fleet of `hosts` for `hours`, through every stage, judged by truth's tokens: a
-    drain expected, allowed (a band where timing decides: "either") or neither; `outcome`: what the cell must show
-    instead where the family says it (an episode's alert; a function of the truth records where truth decides)."""
-    scenario = {"name": "sweep", "fleet": {"hosts": hosts}, "faults": [fault]}
+             outcome: str | Callable[[list[dict]], str] | None = None, more: list[dict] = (),
+             jobs: list[int] | None = None) -> Cell:
+    """`fault` (a scenario fault; `more` with it) on a fleet of `hosts` (`jobs`: the scenario's job layout) for
+    `hours`, through every stage, judged by truth's tokens: a drain expected, allowed (a band where timing decides:
+    "either") or neither; `outcome`: what the cell must show instead where the family says it (an episode's alert; a
+    function of the truth records where truth decides)."""
+    scenario = {"name": "sweep", "fleet": {"hosts": hosts, **({"jobs": jobs} if jobs else {})},
+                "faults": [fault, *more]}
     sim = FleetSimulator(seed=seed, scenario=scenario, start_ts=T0, interval=interval_s, nccl_interval=0)
     truth: list[dict] = []
 
@@ -98,6 +106,8 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
     pages = [a for a in firing if not (a.get("labels") or {}).get("incident")]
     fired = Counter(a["alertname"] for a in firing if (a.get("labels") or {}).get("incident"))
     conditions = tuple(sorted(fired))
+    faults = [orjson.loads(e.value) for e in emits if e.to is FAULTS]
+    escalated = sum(1 for f in faults if f["rule"].startswith("escalation"))
     params = {k: v for k, v in fault.items() if k not in ("host", "gpu")}
     if callable(outcome):
         outcome = outcome(truth)
@@ -105,7 +115,8 @@ def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 1
                            "either" if any("drain" in t["allowed"] for t in truth) else "alert")
     target = sim.fleet.hosts[fault["host"]] if isinstance(fault.get("host"), int) else fault.get("host")
     return Cell(params, [(d["ts"] - T0, d["reason"]) for d in drains], len(pages), hours, expected, conditions,
-                max(fired.values(), default=0), sum(d["host"] != target for d in drains))
+                max(fired.values(), default=0), sum(d["host"] != target for d in drains), escalated,
+                tuple(sorted({f["code"] for f in faults})))
 
 
 def flap(period_s: float, duty: float) -> dict:
@@ -171,6 +182,39 @@ def outages(faults: list[dict] | None = None, hours: float = 1.0, hosts: int = 8
     return [run_cell(f, hours=hours, hosts=hosts) for f in (faults or outage_faults())]
 
 
+def crash_loop(crashes: int, every_s: float, first_s: float = 600.0) -> list[dict]:
+    """job-0000 (hosts 0-3, 32 ranks) crashing `crashes` times `every_s` apart from `first_s`: each crash logs what a
+    teardown logs, Xid 13 (the faulting kernel) on one GPU, Xid 43 (the channel reset as the process dies) and Xid 45
+    (preemptive cleanup) on every GPU it ran on."""
+    faults = []
+    for k in range(crashes):
+        at = first_s + k * every_s
+        faults.append({"kind": "xid", "at": at, "host": 1, "gpu": 2, "code": 13, "hardware": False})
+        faults += [{"kind": "xid", "at": at + 1 + n, "host": host, "gpu": gpu, "code": code, "hardware": False}
+                   for host in range(4) for gpu in range(8) for n, code in enumerate((43, 45))]
+    return faults
+
+
+def crash_loops(crashes=CRASHES, every=CRASH_EVERY_S, interval_s: float = 60.0) -> list[Cell]:
+    """A job crashing `crashes` times, `every` seconds apart, on 8 hosts, with every rule on: truth drains nothing."""
+    cells = []
+    for n in crashes:
+        for e in every:
+            first, *rest = crash_loop(n, e)
+            cell = run_cell(first, more=rest, hours=(600 + n * e + 1200) / 3600, hosts=8, jobs=[4],
+                            interval_s=interval_s, seed=n)
+            cells.append(replace(cell, params={"crashes": n, "every_s": e}))
+    return cells
+
+
+def crash_table(cells: list[Cell]) -> str:
+    lines = ["| crashes | every s | truth | drains | escalations | pages | ok |", "|---:|---:|---|---:|---:|---:|---|"]
+    for c in cells:
+        lines.append(f"| {c.params['crashes']} | {c.params['every_s']:g} | {c.truth} | {len(c.drains)} | "
+                     f"{c.escalated} | {c.pages} | {'yes' if c.ok(0) else 'NO'} |")
+    return "\n".join(lines)
+
+
 def cells_table(cells: list[Cell], max_pages_per_hour: float) -> str:
     lines = ["| fault | truth | drained at s | reason | pages | ok |", "|---|---|---|---|---:|---|"]
     for c in cells:
@@ -206,7 +250,9 @@ def table(cells: list[Cell], max_pages_per_hour: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("family", choices=("flaps", "episodes", "stragglers", "outages"))
+    p.add_argument("family", choices=("flaps", "episodes", "stragglers", "outages", "crashes"))
+    p.add_argument("--crashes", default=",".join(str(x) for x in CRASHES), help="crashes: crashes of the job each")
+    p.add_argument("--every", default=",".join(f"{x:g}" for x in CRASH_EVERY_S), help="crashes: seconds apart")
     p.add_argument("--durations", default=None, help="episodes, stragglers: seconds each")
     p.add_argument("--pcts", default=",".join(f"{x:g}" for x in straggler_sweep.PCTS), help="stragglers: slowdowns")
     p.add_argument("--ranks", default=",".join(str(x) for x in straggler_sweep.RANKS), help="stragglers: job sizes")
@@ -223,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
                  + straggler_sweep.episodes(durations))
         print(straggler_sweep.table(cells))
         return 0 if all(c.ok() for c in cells) else 1
+    if args.family == "crashes":
+        cells = crash_loops([int(x) for x in args.crashes.split(",")], floats(args.every))
+        print(crash_table(cells))
+        return 0 if all(c.ok(0) for c in cells) else 1
     if args.family == "outages":
         cells = outages()
         print(cells_table(cells, args.max_pages_per_hour))

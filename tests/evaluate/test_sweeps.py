@@ -56,3 +56,13 @@ def test_outages_drain_only_what_outlasts_its_rule_and_a_single_link_drop_drains
                        ("host_down", 300.0, None): True, ("link_down", 300.0, None): True,
                        ("nic_down", 300.0, None): True, ("link_flap", None, 1): False,
                        ("link_flap", None, 3): True}, table
+
+
+def test_a_job_crashing_again_and_again_drains_nothing_and_escalates_nothing_with_every_rule_on():
+    """2 to 20 crashes of one job (each a teardown's Xid 13, 43 and 45 on its 32 GPUs), minutes to hours apart,
+    through every stage: the application's, never the hardware's."""
+    cells = sweep.crash_loops(crashes=(2, 5, 8, 20), every=(120.0, 1800.0)) + sweep.crash_loops((20,), (3600.0,))
+    table = sweep.crash_table(cells)
+    assert all(c.ok(0) for c in cells), table
+    assert {c.truth for c in cells} == {"alert"} and not any(c.drains or c.escalated or c.pages for c in cells), table
+    assert {c.codes for c in cells} == {("xid:13", "xid:43", "xid:45")}, table  # every crash seen, binned software
