@@ -219,6 +219,21 @@ def test_a_fleet_outage_is_one_fleet_alert_not_one_per_rack_and_rackless_hosts_c
     assert g.faults() == [] and g.alerts() == [("FleetSilent", "firing", "fleet")]
 
 
+def test_a_fleet_outage_read_flat_out_counts_every_silent_host_not_those_whose_wall_wait_ended_first():
+    """Flat out (event time 100x the wall clock, a 1 s wall wait), 20 hosts of 5 racks go silent together; the
+    partition of half of them stops moving (three wall waits), the other half's moves on (one). FleetSilent fires once
+    the first are due and counts all 20, not the 10 whose wall wait ended first."""
+    f = Fleet({f"r{i}": 8 for i in range(10)}, wall_per_s=10, wall_wait_s=1.0)
+    gone = [h for h in f.hosts if h.endswith(("-h0", "-h1", "-h2", "-h3")) and h[:2] in ("r0", "r2", "r4", "r6", "r8")]
+    f.partition = {h: 1 if h in gone[::2] else 0 for h in f.hosts}
+    f.run(120)
+    f.down |= set(gone)
+    f.run(600)
+    assert f.faults() == [] and f.alerts() == [("FleetSilent", "firing", "fleet")]
+    firing = next(o for o in f.out if o["topic"] == ALERTS.name)
+    assert firing["value"] == 20.0 and firing["summary"].startswith("20 of 80 hosts"), firing["summary"]
+
+
 def test_a_goodbye_is_believed_for_an_hour():
     f = Fleet({"r1": 4, "r2": 4})
     f.run(60)
