@@ -3,11 +3,13 @@
 - The node step (lane `decisions`: node health rows, faults, remediation results, and the breaker's answers on the
   internal topic lifecycle-decisions, all keyed by host) steps each node's state machine, publishes every transition
   to the compacted fleet.node.state and drain/repair/validate/undrain/replace requests to fleet.drain.events, and sends
-  drain proposals, validation bandwidths, usable-compute shares and the event-time minute clock to the fleet step. Its
+  drain proposals, validation bandwidths, returns to service, usable-compute shares and the event-time minute clock to
+  the fleet step. Its
   lane reads no samples, so a drain decision never waits behind a burst of them.
 - The fleet step (lane `fleet`: the internal single-partition topic lifecycle-fleet) is the one place that sees every
-  drain: it admits or denies each proposal (the circuit breaker) and answers on the decisions topic (the node then
-  requests the drain itself, so a bot's answer can never overtake the node's own state), publishes the breaker alert,
+  drain: it admits or denies each proposal (the circuit breaker; an NVLink domain's trays failing together as one
+  incident, streams/lifecycle/domains.py) and answers on the decisions topic (the node then requests the drain itself,
+  so a bot's answer can never overtake the node's own state), publishes the breaker alert and domain pages,
   takes `fleetpulse breaker reset` commands, and reports usable compute per minute on fleet.usable_compute: each node
   as at the minute's end in event time, reported once the clock is minute_lateness_s past it (docs/outcomes.md).
 """

@@ -13,7 +13,10 @@ rack, whose samples are staggered over an interval, has then crossed the line to
   RackSilent alert for the rack, no fault, no drain;
 - many hosts silent across racks (`fleet_share` of the fleet, at least `fleet_min_hosts`, more than one rack): the
   collector network or the broker, one FleetSilent alert, no drain;
-- else: a fault `host_silent` in bin `reboot` (the node drains, a power cycle first), with its evidence.
+- else: a fault `host_silent` in bin `reboot` (the node drains, a power cycle first), with its evidence; only when
+  the hosts behind the clock with it (their wall waits over or not) would not make its rack or the fleet out either,
+  and, for a host still dark when its rack's or the fleet's outage ended, `rejoin_s` after that (hosts boot minutes
+  apart after a power loss), so no verdict depends on the worker's pace.
 
 A host that still sends agent status but no samples, or whose agent says a collector fails, is a broken monitor:
 MonitorBroken, never a drain. A job whose collectives stopped `stall_after_s` before the clock while hosts still
