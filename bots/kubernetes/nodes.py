@@ -16,6 +16,7 @@ TAINT_KEY = "fleetpulse.io/unhealthy"
 STATE_LABEL = "fleetpulse.io/state"
 EVENT_ANNOTATION = "fleetpulse.io/event-id"
 CORDON_ANNOTATION = "fleetpulse.io/cordoned"
+INCIDENT_ANNOTATION = "fleetpulse.io/nvlink-domain"  # the NVLink domain whose incident drained the node
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"  # the node controller's mark of a cordon
 # An RFC 1123 subdomain: what a Node's name may be (and nothing an API path could read otherwise).
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -69,6 +70,8 @@ def drain_patch(node: Mapping, event: Mapping, noexecute_on_immediate: bool) -> 
     kept = [t for t in taints(node) if t.get("key") != TAINT_KEY]
     meta = node.get("metadata") or {}
     notes = {EVENT_ANNOTATION: event["event_id"]}
+    if evidence.get("incident"):  # one of an NVLink domain's trays drained as one incident: found together
+        notes[INCIDENT_ANNOTATION] = str(evidence["incident"])
     if not cordoned(node):
         notes[CORDON_ANNOTATION] = "true"
     return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "labels": {STATE_LABEL: "draining"},
@@ -81,7 +84,8 @@ def undrain_patch(node: Mapping) -> dict:
     fleetpulse's, its label and annotations removed."""
     patch: dict = {"metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion"),
                                 "labels": {STATE_LABEL: None},
-                                "annotations": {EVENT_ANNOTATION: None, CORDON_ANNOTATION: None}},
+                                "annotations": {EVENT_ANNOTATION: None, CORDON_ANNOTATION: None,
+                                                INCIDENT_ANNOTATION: None}},
                    "spec": {"taints": [t for t in taints(node) if t.get("key") != TAINT_KEY]}}
     if annotations(node).get(CORDON_ANNOTATION) == "true":
         patch["spec"]["unschedulable"] = False  # and the taint the node controller keeps for a cordon goes with it

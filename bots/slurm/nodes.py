@@ -96,10 +96,13 @@ def parse_show_node(line: str) -> SlurmNode:
 
 def drain_reason(event: Mapping) -> str:
     """The reason this bot writes for a drain: `fleetpulse: <repair> <evidence> <event_id>`, short enough for
-    `sinfo -R`; the evidence is the fault code, GPU and gates where the event names them."""
+    `sinfo -R`; the evidence is the fault code, GPU and gates where the event names them, and the NVLink domain whose
+    incident the drain is part of (`domain=<domain>`: the trays of one incident, found together with `sinfo -R`)."""
     evidence = event.get("evidence") or {}
     facts = [evidence[k] if k != "gpu_index" else f"gpu{evidence[k]}" for k in ("code", "gpu_index", "gates")
              if evidence.get(k)]
+    if evidence.get("incident"):
+        facts.append(f"domain={evidence['incident']}")
     words = [evidence.get("repair") or "inspect", *(_one_word(f) for f in facts), event["event_id"]]
     return f"{OWN_PREFIX} {' '.join(words)}"
 

@@ -66,6 +66,9 @@ def test_the_drain_patch_cordons_taints_beside_other_taints_and_is_conditional()
     assert nodes.drain_patch(node, immediate, False)["spec"]["taints"][-1]["effect"] == "NoSchedule"
     # a node already cordoned (by fleetpulse's own earlier drain): the cordon is not claimed a second time
     assert nodes.CORDON_ANNOTATION not in nodes.drain_patch(drained(node), immediate, True)["metadata"]["annotations"]
+    tray = event("drain", repair="reboot", mode="immediate", incident="6f3c0a1e/7")  # an NVLink domain's incident
+    assert nodes.drain_patch(node, tray, True)["metadata"]["annotations"][nodes.INCIDENT_ANNOTATION] == "6f3c0a1e/7"
+    assert nodes.INCIDENT_ANNOTATION not in patch["metadata"]["annotations"]
 
 
 def test_undrain_removes_only_fleetpulse_s_taint_and_its_own_cordon():
@@ -73,7 +76,8 @@ def test_undrain_removes_only_fleetpulse_s_taint_and_its_own_cordon():
     patch = nodes.undrain_patch(node)
     assert patch["spec"] == {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
                              "unschedulable": False}
-    assert patch["metadata"]["annotations"] == {nodes.EVENT_ANNOTATION: None, nodes.CORDON_ANNOTATION: None}
+    assert patch["metadata"]["annotations"] == {nodes.EVENT_ANNOTATION: None, nodes.CORDON_ANNOTATION: None,
+                                                nodes.INCIDENT_ANNOTATION: None}
     theirs = drained(recorded("node-gpu-0042.json"), cordon_ours=False)
     kept = nodes.undrain_patch(theirs)["spec"]
     assert "unschedulable" not in kept and {t["key"] for t in kept["taints"]} == {"nvidia.com/gpu",

@@ -65,6 +65,12 @@ def test_the_drain_reason_names_repair_evidence_and_event_last():
                                               "gpu_index": "2", "gates": "gpu2/ecc_dbe [pending]"}}
     assert drain_reason(event) == "fleetpulse: reset xid:48 gpu2 gpu2/ecc_dbe_pending_ ev-9"
     assert drain_reason({"event_id": "ev-1"}) == "fleetpulse: inspect ev-1"
+    tray = {"event_id": "t7:1:p1:drain", "evidence": {"repair": "reboot", "code": "fabric_failed", "gpu_index": "0",
+                                                       "incident": "6f3c0a1e-0000-4000-8000-000000000001/7"}}
+    assert drain_reason(tray) == ("fleetpulse: reboot fabric_failed gpu0 domain=6f3c0a1e-0000-4000-8000-000000000001/7 "
+                                  "t7:1:p1:drain")
+    assert parse_show_node(line("IDLE+DRAIN", drain_reason(tray) + " [root@2026-12-07T01:58:00]")).event_id == \
+        "t7:1:p1:drain"
     node = parse_show_node(line("IDLE+DRAIN", drain_reason(event) + " [root@2026-12-03T06:18:57]"))
     assert node.ours and node.event_id == "ev-9"
 
