@@ -98,7 +98,7 @@ def node_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfig
         ts = float(rec.get("ts") or rec.get("last_ts"))
         if n.job != job:  # the fleet step keeps every node's job: what a drain of one of them stops
             fleet.append({"kind": "job", "host": host, "ts": ts, "job": n.job})
-        share = node_share(n.state, n.inputs)
+        share = node_share(n.state, n.inputs, job_runs_on=(n.cause or {}).get("mode") == "after_jobs")
         if n.inputs and changed(n.share, share):
             n.share = share
             fleet.append({"kind": "share", "host": host, "ts": ts, "share": share})

@@ -11,13 +11,15 @@ OUT_OF_SERVICE = {"drain_requested": "drained", "drained": "drained", "repairing
                   "validating": "validating", "replace": "replace"}
 
 
-def node_share(state: str, inputs: Mapping[str, float]) -> list[float]:
+def node_share(state: str, inputs: Mapping[str, float], job_runs_on: bool = False) -> list[float]:
     """One node's GPUs by where they are: out of service by lifecycle state, gated by health, or in use at the
-    performance factor its health inputs give (a flagged straggler counts s/(1+s) lost, throttling the rest)."""
+    performance factor its health inputs give (a flagged straggler counts s/(1+s) lost, throttling the rest).
+    `job_runs_on`: a drain after the job was asked and the bot has not reported the node drained: it takes no new job,
+    but the one it runs goes on, and its GPUs count as in use until then."""
     installed = float(inputs.get("installed_gpus", 0.0))
     row = dict.fromkeys(SHARE, 0.0)
     row["installed"] = installed
-    if state in OUT_OF_SERVICE:
+    if state in OUT_OF_SERVICE and not (job_runs_on and state == "drain_requested"):
         row[OUT_OF_SERVICE[state]] = installed
     elif inputs.get("gated", 0.0):
         row["gated"] = installed

@@ -38,6 +38,26 @@ def test_a_serving_node_loses_lost_gpus_and_its_performance_losses():
                                    "replace": 0, "gated": 0, "lost": 1, "straggler_loss": 0.0909, "throttled": 0.3})
 
 
+def test_a_node_drained_after_its_job_counts_in_use_until_the_bot_reports_it_drained():
+    """Through the node step: a suspect's fault (mode after_jobs), the breaker's yes, the bot's drained."""
+    [node, _] = offline_steps([registry.STAGES["lifecycle"]], streams_settings(None))
+    health = {"host": "h1", "ts": 1_000.0, "score": 92.0, "gates": [], "penalties": [], "job": "job-1",
+              "inputs": HEALTHY}
+    fault = {"fault_id": "f1", "host": "h1", "gpu_index": 3, "code": "ecc_trend", "bin": "inspect", "rule": "trend_ecc",
+             "count": 1, "first_ts": 1_010.0, "last_ts": 1_010.0, "ts": 1_010.0, "evidence": {"mode": "after_jobs"}}
+    decision = {"kind": "decision", "proposal_id": "h1:1:p1", "host": "h1", "ts": 1_011.0, "admitted": True,
+                "reason": "1 of 3", "event_id": "h1:1:p1:drain"}
+    result = {"event_id": "h1:1:p1:drain", "host": "h1", "action": "drain", "ok": True, "ts": 1_300.0}
+    shares = []
+    for k, (kind, value) in enumerate([("health", health), ("fault", fault), ("decision", decision),
+                                       ("health", {**health, "ts": 1_100.0}), ("result", result)]):
+        for e in node.run([Record(kind, value, "h1", "t", 0, k, 0)]):
+            rec = orjson.loads(e.value)
+            if e.to is LIFECYCLE_FLEET and rec["kind"] == "share":
+                shares.append((rec["ts"], as_dict(rec["share"])["usable"], as_dict(rec["share"])["drained"]))
+    assert shares == [(1_000.0, 8, 0), (1_300.0, 0, 8)]  # in use while its job ran on, out once drained
+
+
 def test_a_gated_node_still_in_service_is_not_usable():
     share = as_dict(node_share("healthy", {**HEALTHY, "gated": 1.0}))
     assert (share["gated"], share["usable"]) == (8, 0)
