@@ -215,7 +215,7 @@ class GpuState:
         self.fabric_status = np.where(fx.fabric_failed, 4, 3)
 
     def _count_errors(self, dt: float, fx: Effects) -> None:
-        rng, n = self.rng, self.fleet.n_gpus
+        rng = self.rng
         sbe = rng.poisson((SBE_RATE + fx.sbe_rate) * dt) + self.trickle_rng.poisson(self.sbe_trickle * dt)
         self.ecc_sbe_volatile += sbe
         self.ecc_sbe_aggregate += sbe

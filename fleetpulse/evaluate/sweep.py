@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import orjson
@@ -78,7 +78,7 @@ class Cell:
 
 
 def run_cell(fault: dict, *, hours: float, hosts: int = 2, interval_s: float = 10.0, seed: int = 1,
-             outcome: str | Callable[[list[dict]], str] | None = None, more: list[dict] = (),
+             outcome: str | Callable[[list[dict]], str] | None = None, more: Sequence[dict] = (),
              jobs: list[int] | None = None) -> Cell:
     """`fault` (a scenario fault; `more` with it) on a fleet of `hosts` (`jobs`: the scenario's job layout) for
     `hours`, through every stage, judged by truth's tokens: a drain expected, allowed (a band where timing decides:

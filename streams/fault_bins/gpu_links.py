@@ -23,8 +23,9 @@ HEALTH_FAULTS = (
 )
 UNTRAINED = frozenset({1, 2})  # not started, in progress
 EPISODES = ("pcie", "nvlink", "fabric")  # this module's keys in GpuMemo.ep
-_LINKS = itemgetter("pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max", "nvlink_links",
-                    "nvlink_active_mask", "fabric_status", "fabric_health_mask")
+_LINK_FIELDS = ("pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max", "nvlink_links",
+                "nvlink_active_mask", "fabric_status", "fabric_health_mask")
+_LINKS = itemgetter(*_LINK_FIELDS)
 
 
 def quiet(g: dict, memo: GpuMemo) -> bool:
@@ -36,7 +37,7 @@ def quiet(g: dict, memo: GpuMemo) -> bool:
     try:
         width, wmax, gen, gmax, links, mask, status, health = _LINKS(g)
     except KeyError:  # a reading that leaves optional fields out
-        width, wmax, gen, gmax, links, mask, status, health = (g.get(f) for f in _LINKS.__reduce__()[1])
+        width, wmax, gen, gmax, links, mask, status, health = (g.get(f) for f in _LINK_FIELDS)
     return (width == wmax and gen == gmax and not health
             and (mask is None or not links or (mask.bit_count() == links and memo.links == links))
             and (status != FABRIC_SUCCESS or memo.fabric_ok) and status not in UNTRAINED and status != FABRIC_FAILURE)

@@ -95,8 +95,6 @@ def decide(b: Breaker, p: Mapping, prior: list | None, nodes: int, cfg: BreakerC
     (nodes, or GPUs where max_gpus is set). The node's lifecycle sends the drain request once the answer reaches it,
     so no remediation result can overtake its own state."""
     host, pid, ts = p["host"], p["proposal_id"], float(p["ts"])
-    event_id = f"{pid}:drain"
-    median, count = b.median()
     alert = None
     if prior is not None and prior[0] == pid:
         # A replay (a restart before the offset commit): its answer and drain were acknowledged before `prior` was
@@ -130,9 +128,23 @@ def decide(b: Breaker, p: Mapping, prior: list | None, nodes: int, cfg: BreakerC
             b.admitted += 1
         if not admitted:
             b.denied += 1
-    decision = {"kind": "decision", "proposal_id": pid, "host": host, "ts": ts, "admitted": admitted,
+    return answer(b, p, admitted, reason, alert)
+
+
+def answer(b: Breaker, p: Mapping, admitted: bool, reason: str, alert: Alert | None = None) -> Verdict:
+    """The fleet step's answer to proposal `p`, with the fleet median validation bandwidth the node keeps."""
+    pid = p["proposal_id"]
+    event_id = f"{pid}:drain"
+    median, count = b.median()
+    decision = {"kind": "decision", "proposal_id": pid, "host": p["host"], "ts": float(p["ts"]), "admitted": admitted,
                 "reason": reason, "event_id": event_id, "busbw_median_gbs": median, "busbw_n": count}
     return Verdict(decision, alert, [pid, admitted, event_id, reason])
+
+
+def count_once(b: Breaker, hosts: list[str]) -> None:
+    """The window's drains of `hosts` count as one, the first's (an NVLink domain's incident: streams/lifecycle/
+    domains.py)."""
+    b.window = [w for w in b.window if w[1] == hosts[0] or w[1] not in hosts]
 
 
 def reset(b: Breaker, cmd: Mapping) -> Alert | None:

@@ -29,7 +29,9 @@ from schemas.topics import (
 )
 from streams.lifecycle import rules as lc
 from schemas.analytics import Alert
-from streams.lifecycle.breaker import Breaker, BreakerConfig, Verdict, add_busbw, breaker_config, decide, reset
+from streams.lifecycle.breaker import (
+    Breaker, BreakerConfig, Verdict, add_busbw, answer, breaker_config, count_once, decide, reset,
+)
 from streams.lifecycle.cost import drain_cost
 from streams.lifecycle.domains import Incident, domain_of
 from streams.lifecycle.usable_compute import (
@@ -240,18 +242,15 @@ def _domain_drain(state: State, b: Breaker, rec: dict, prior: list | None, domai
     page = None
     if inc.open:
         inc.add(host, rec["evidence"]["code"])
-        reason = (f"part of NVLink domain {domain}'s incident since {inc.since:.0f} ({len(inc.hosts)} trays): "
-                  f"admitted with it, not counted again by the breaker")
-        v = Verdict({"kind": "decision", "proposal_id": rec["proposal_id"], "host": host, "ts": ts, "admitted": True,
-                     "reason": reason, "event_id": f"{rec['proposal_id']}:drain", "busbw_median_gbs": b.median()[0],
-                     "busbw_n": b.median()[1]}, None, [rec["proposal_id"], True, f"{rec['proposal_id']}:drain", reason])
+        v = answer(b, rec, True, f"part of NVLink domain {domain}'s incident since {inc.since:.0f} ({len(inc.hosts)} "
+                                 f"trays): admitted with it, not counted again by the breaker")
     else:
         v = decide(b, rec, prior, _fleet_size(state), cfg.breaker, _installed(state, host))
         if v.decision is not None and v.decision["admitted"]:
             inc.add(host, rec["evidence"]["code"])
             if len(inc.hosts) >= node.domain_min_hosts:
-                inc.open = True  # the incident keeps its first tray's breaker entry, not the others'
-                b.window = [w for w in b.window if w[1] == inc.hosts[0] or w[1] not in inc.hosts]
+                inc.open = True
+                count_once(b, inc.hosts)
                 page = inc.page("firing", ts, node.domain_min_hosts, node.domain_window_s)
     if inc.open and v.decision is not None:
         v.decision.update(incident=domain, incident_hosts=str(len(inc.hosts)))
