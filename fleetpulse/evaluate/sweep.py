@@ -248,29 +248,39 @@ def table(cells: list[Cell], max_pages_per_hour: float) -> str:
     return "\n".join(lines)
 
 
+def _numbers(kind: type) -> Callable[[str], list]:
+    """An argparse type: comma-separated numbers of `kind` ('2,5,8'); a bad list is one usage error naming it."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__} numbers "
+                                             f"(e.g. 2,5,8)") from None
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("family", choices=("flaps", "episodes", "stragglers", "outages", "crashes"))
-    p.add_argument("--crashes", default=",".join(str(x) for x in CRASHES), help="crashes: crashes of the job each")
-    p.add_argument("--every", default=",".join(f"{x:g}" for x in CRASH_EVERY_S), help="crashes: seconds apart")
-    p.add_argument("--durations", default=None, help="episodes, stragglers: seconds each")
-    p.add_argument("--pcts", default=",".join(f"{x:g}" for x in straggler_sweep.PCTS), help="stragglers: slowdowns")
-    p.add_argument("--ranks", default=",".join(str(x) for x in straggler_sweep.RANKS), help="stragglers: job sizes")
+    ints, floats = _numbers(int), _numbers(float)
+    p.add_argument("--crashes", type=ints, default=list(CRASHES), help="crashes: crashes of the job each")
+    p.add_argument("--every", type=floats, default=list(CRASH_EVERY_S), help="crashes: seconds apart")
+    p.add_argument("--durations", type=floats, default=None, help="episodes, stragglers: seconds each")
+    p.add_argument("--pcts", type=floats, default=list(straggler_sweep.PCTS), help="stragglers: slowdowns")
+    p.add_argument("--ranks", type=ints, default=list(straggler_sweep.RANKS), help="stragglers: job sizes")
     p.add_argument("--seeds", type=int, default=1, help="stragglers: seeds per persistent cell")
-    p.add_argument("--periods", default=",".join(f"{x:g}" for x in PERIODS))
-    p.add_argument("--duties", default=",".join(f"{x:g}" for x in DUTIES))
+    p.add_argument("--periods", type=floats, default=list(PERIODS))
+    p.add_argument("--duties", type=floats, default=list(DUTIES))
     p.add_argument("--hours", type=float, default=2.0)
     p.add_argument("--max-pages-per-hour", type=float, default=4.0)
     args = p.parse_args(argv)
-    floats = (lambda text: [float(x) for x in text.split(",")])  # noqa: E731
     if args.family == "stragglers":
-        durations = floats(args.durations) if args.durations else straggler_sweep.DURATIONS
-        cells = (straggler_sweep.persistent(floats(args.pcts), [int(x) for x in args.ranks.split(",")], args.seeds)
-                 + straggler_sweep.episodes(durations))
+        cells = (straggler_sweep.persistent(args.pcts, args.ranks, args.seeds)
+                 + straggler_sweep.episodes(args.durations or straggler_sweep.DURATIONS))
         print(straggler_sweep.table(cells))
         return 0 if all(c.ok() for c in cells) else 1
     if args.family == "crashes":
-        cells = crash_loops([int(x) for x in args.crashes.split(",")], floats(args.every))
+        cells = crash_loops(args.crashes, args.every)
         print(crash_table(cells))
         return 0 if all(c.ok(0) for c in cells) else 1
     if args.family == "outages":
@@ -278,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         print(cells_table(cells, args.max_pages_per_hour))
         return 0 if all(c.ok(args.max_pages_per_hour) for c in cells) else 1
     if args.family == "episodes":
-        cells = episodes(floats(args.durations) if args.durations else EPISODE_DURATIONS)
+        cells = episodes(args.durations or EPISODE_DURATIONS)
         print(episode_table(cells))
         return 0 if all(c.ok(0) for c in cells) else 1
-    cells = flaps(floats(args.periods), floats(args.duties), args.hours)
+    cells = flaps(args.periods, args.duties, args.hours)
     print(table(cells, args.max_pages_per_hour))
     return 0 if all(c.ok(args.max_pages_per_hour) for c in cells) else 1
 

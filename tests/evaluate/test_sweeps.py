@@ -4,6 +4,8 @@ flaps` runs the wide grid (docs/evaluation.md)."""
 
 from __future__ import annotations
 
+import pytest
+
 from fleetpulse.evaluate import straggler_sweep, sweep
 
 
@@ -66,3 +68,11 @@ def test_a_job_crashing_again_and_again_drains_nothing_and_escalates_nothing_wit
     assert all(c.ok(0) for c in cells), table
     assert {c.truth for c in cells} == {"alert"} and not any(c.drains or c.escalated or c.pages for c in cells), table
     assert {c.codes for c in cells} == {("xid:13", "xid:43", "xid:45")}, table  # every crash seen, binned software
+
+
+def test_a_bad_number_list_is_one_usage_error_naming_the_flag(capsys):
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(["crashes", "--crashes", "2,x"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert "argument --crashes: '2,x' is not a comma-separated list of int numbers" in err, err
