@@ -1,6 +1,10 @@
 """The commands a bot runs on a node, whatever its scheduler: a repair (a GPU reset, a ticket for a technician) and the
 validation a request names (DCGM diagnostics at a level, an nccl-tests run). Each runs once per event: its outcome is
 kept in the ledger, a command killed with the bot is never started twice by accident, and it dies with the bot.
+
+The trays an NVLink domain's incident drained (their requests name `incident` and `incident_since`) share one repair:
+`repair_commands.domain` runs once for the incident, on the first tray's request, and every tray's repair is answered
+with its outcome; each tray is still validated on its own.
 """
 
 from __future__ import annotations
@@ -57,12 +61,23 @@ class Commands:
 
     def __init__(self, config: BotConfig, clock: Callable[[], float] = time.time):
         self.config, self.clock = config, clock
+        self._shared: dict[tuple[str, str], asyncio.Future] = {}  # an incident's one repair, by (domain, since)
 
     def argv(self, argv: list[str], event: dict, node: str, level: int | str = "") -> list[str]:
         evidence = event.get("evidence") or {}
         values = {"node": node, "host": event["host"], "event_id": event["event_id"], "level": str(level),
-                  "gpu": str(evidence.get("gpu_index", ""))}
+                  "gpu": str(evidence.get("gpu_index", "")), "domain": str(evidence.get("incident", ""))}
         return [arg.format(**values) for arg in argv]
+
+    def repair_kind(self, event: dict) -> str:
+        """What to run for a repair request: replace for a replacement; the domain's shared repair for a tray its
+        incident drained, when one is configured; else the tray's own repair (reset, reboot, inspect)."""
+        evidence = event.get("evidence") or {}
+        if event["action"] == "replace":
+            return "replace"
+        if evidence.get("incident") and "domain" in self.config.repair_commands:
+            return "domain"
+        return evidence.get("repair") or "inspect"
 
     async def once(self, step: str, argv: list[str], event: dict, node: str, steps: Steps,
                    level: int | str = "") -> tuple[int | None, str]:
@@ -89,8 +104,38 @@ class Commands:
         argv = self.config.repair_commands.get(kind)
         if argv is None:
             return Outcome(False, f"no command for repair {kind!r}: set repair_commands.{kind} in the bot's settings")
+        if kind == "domain":
+            rc, out, ran_on = await self._domain(argv, event, node, steps)
+            shared = "" if ran_on == event["event_id"] else f" (the incident's one repair, run on {ran_on})"
+            return Outcome(rc == 0, f"domain {event['evidence']['incident']}: "
+                                    f"{' '.join(self.argv(argv, event, node))} -> {said(rc, out)}{shared}")
         rc, out = await self.once(f"repair:{kind}", argv, event, node, steps)
         return Outcome(rc == 0, f"{kind}: {' '.join(self.argv(argv, event, node))} -> " + said(rc, out))
+
+    async def _domain(self, argv: list[str], event: dict, node: str, steps: Steps) -> tuple[int | None, str, str]:
+        """The incident's one repair (per attempt: a failed one is run again when the lifecycle asks again): run on the
+        first tray's request, recorded in its ledger entry as any repair, and awaited by the other trays', each
+        recording the outcome it was answered with. Returns the exit status, the output and the request it ran on."""
+        if (shared := steps.done("repair:domain:shared")) is not None:
+            return shared["rc"], shared["output"], shared["ran_on"]
+        evidence = event["evidence"]
+        key = (evidence["incident"], evidence.get("incident_since", ""), str(evidence.get("attempt", "")))
+        outcome = self._shared.get(key)
+        if outcome is None:
+            outcome = self._shared[key] = asyncio.get_running_loop().create_future()
+            try:
+                rc, out = await self.once("repair:domain", argv, event, node, steps)
+            except asyncio.CancelledError:  # the bot is stopping: a waiting tray's request runs it in its next life
+                del self._shared[key]
+                outcome.cancel()
+                raise
+            except Exception as exc:  # noqa: BLE001 - the command could not start: every tray is answered so
+                outcome.set_result((None, f"{type(exc).__name__}: {exc}", event["event_id"]))
+            else:
+                outcome.set_result((rc, out, event["event_id"]))
+        rc, out, ran_on = await asyncio.shield(outcome)
+        steps.record("repair:domain:shared", rc=rc, output=out[-_KEPT:], ran_on=ran_on)
+        return rc, out, ran_on
 
     async def validate(self, event: dict, node: str, steps: Steps) -> Outcome:
         """The checks the request names: DCGM diagnostics at `dcgm_diag_level`, then the nccl-tests run when one is

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-REPAIR_KINDS = ("reset", "reboot", "inspect", "replace")
-PLACEHOLDERS = ("node", "host", "event_id", "level", "gpu")
+# "domain": the shared part of an NVLink domain (its Fabric Manager, its NVSwitch trays), run once for all the trays
+# an incident drained (streams/lifecycle/domains.py)
+REPAIR_KINDS = ("reset", "reboot", "inspect", "replace", "domain")
+PLACEHOLDERS = ("node", "host", "event_id", "level", "gpu", "domain")
 
 
 class BotConfig(BaseModel):
@@ -23,8 +25,10 @@ class BotConfig(BaseModel):
                     "then (its request timeouts), and a new consumer group must not replay a month of drains")
     max_concurrent: int = Field(default=16, ge=1, description="actions running at once (each polls the scheduler)")
     repair_commands: dict[str, list[str]] = Field(
-        default_factory=dict, description="repair kind (reset, reboot, inspect, replace) -> command; a kind without "
-        "one is answered failed unless the scheduler has its own way (Slurm: scontrol reboot)")
+        default_factory=dict, description="repair kind (reset, reboot, inspect, replace, domain) -> command; a kind "
+        "without one is answered failed unless the scheduler has its own way (Slurm: scontrol reboot); domain: the "
+        "shared part of an NVLink domain ({domain}), run once for every tray its incident drained (without it, each "
+        "tray gets its own repair)")
     dcgm_diag_command: list[str] | None = Field(
         default_factory=lambda: ["ssh", "{node}", "dcgmi", "diag", "-r", "{level}"],
         description="runs DCGM diagnostics at {level} on the node; exit 0 = passed; null = not run")

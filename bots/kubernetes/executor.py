@@ -130,8 +130,7 @@ class KubernetesExecutor:
         if action == "validate":
             outcome = await self.commands.validate(event, name, steps)
         else:
-            kind = "replace" if action == "replace" else (event.get("evidence") or {}).get("repair") or "inspect"
-            outcome = await self.commands.repair(kind, event, name, steps)
+            outcome = await self.commands.repair(self.commands.repair_kind(event), event, name, steps)
         await self._label(name, f"{action}-{'ok' if outcome.ok else 'failed'}")
         return outcome
 

@@ -114,7 +114,7 @@ class SlurmExecutor:
             return Outcome(False, f"{action} not done: node {name} is in service ({node.state}); drain it first")
         if action == "validate":
             return await self._validate(event, name, node, steps)
-        kind = "replace" if action == "replace" else (event.get("evidence") or {}).get("repair") or "inspect"
+        kind = self.commands.repair_kind(event)
         if kind == "reboot" and "reboot" not in self.config.repair_commands:
             return await self._reboot(event, name, node, steps)
         return await self.commands.repair(kind, event, name, steps)

@@ -349,14 +349,16 @@ def on_decision(n: Node, host: str, d: Mapping, cfg: LifecycleConfig) -> Out:
         n.busbw = [float(d["busbw_median_gbs"]), int(d["busbw_n"])]
     cause, n.proposal = n.proposal["cause"], None
     cost = {f"cost.{k}": v for k, v in (d.get("cost") or {}).items()}  # the fleet step's estimate (cost.py)
-    incident = {k: d[k] for k in ("incident", "incident_hosts") if d.get(k)}  # its domain's (domains.py)
+    incident = {k: d[k] for k in ("incident", "incident_since", "incident_hosts") if d.get(k)}  # domains.py
     if d["admitted"]:
         cause = _recurring(n, cause, ts, cfg)
+        if incident:  # every request of the episode names it: the bots repair the domain's shared part once
+            cause = {**cause, "evidence": {**cause["evidence"], **incident}}
         n.episode, n.cause, n.denied_at = n.episode + 1, cause, None
         n.request = {"action": "drain", "event_id": d["event_id"], "ts": ts, "attempt": 1, "requirements": {},
                      "due": ts + cfg.request_timeout_s["drain"]}
         evidence = {**cause["evidence"], "repair": cause["repair"], "mode": cause["mode"], "breaker": d["reason"],
-                    **cost, **incident}
+                    **cost}
         reason = cause["reason"] + (f"; {d['cost']['summary']}" if cost else "")
         _go(n, host, DRAIN_REQUESTED, ts, reason, {**evidence, "event_id": d["event_id"]}, out)
         out.requests.append(DrainEvent(event_id=d["event_id"], host=host, action="drain", ts=ts,

@@ -253,7 +253,7 @@ def _domain_drain(state: State, b: Breaker, rec: dict, prior: list | None, domai
                 count_once(b, inc.hosts)
                 page = inc.page("firing", ts, node.domain_min_hosts, node.domain_window_s)
     if inc.open and v.decision is not None:
-        v.decision.update(incident=domain, incident_hosts=str(len(inc.hosts)))
+        v.decision.update(incident=domain, incident_since=f"{inc.since:.0f}", incident_hosts=str(len(inc.hosts)))
     if inc.hosts:
         state.put(FLEET, f"domain:{domain}", inc.to_json())
     return v, page

@@ -188,6 +188,25 @@ def test_fault_bins_drain_then_repair_validate_and_return(bin_, repair):
     assert f.path("h1")[-1] == "healthy"
 
 
+def test_a_tray_admitted_under_its_domain_s_incident_names_it_on_every_request():
+    """The fleet step's decision names the incident (streams/lifecycle/domains.py); the drain, the repair and the
+    validation all carry it, so a bot repairs the domain's shared part once for all of its trays."""
+    f = Fleet()
+    f.health("h1", T0, 100.0)
+    n = f.node("h1")
+    out = on_fault(n, "h1", {"fault_id": "x", "host": "h1", "gpu_index": None, "code": "fabric_failed",
+                             "bin": "reboot", "rule": "gpu_link", "count": 8, "first_ts": T0 + 1, "last_ts": T0 + 1,
+                             "ts": T0 + 1, "evidence": {"domain": "c1/7"}}, CFG)
+    [proposal] = out.proposals  # answered as the fleet step answers a tray of an open incident (stage._domain_drain)
+    f.apply("h1", on_decision(n, "h1", {"proposal_id": proposal["proposal_id"], "admitted": True, "event_id": "h1:1:drain:1",
+                                        "ts": T0 + 2, "reason": "part of NVLink domain c1/7's incident",
+                                        "incident": "c1/7", "incident_since": "100010", "incident_hosts": "5"}, CFG))
+    f.result("h1", T0 + 60, "drain", event_id="h1:1:drain:1")
+    f.result("h1", T0 + 900, "repair")
+    assert [r.action for r in f.requests] == ["drain", "repair", "validate"]
+    assert {(r.evidence["incident"], r.evidence["incident_since"]) for r in f.requests} == {("c1/7", "100010")}
+
+
 def test_replace_bin_takes_the_replace_path_and_validates_the_new_card_hardest():
     f = Fleet()
     f.fault("h1", T0, "replace", code="row_remap_failure")
