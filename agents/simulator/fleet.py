@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -13,6 +14,8 @@ GPUS_PER_HOST = 8
 HGX_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 JOB_SIZES_HOSTS = (8, 16, 32, 64)
 IDLE_HOST_SHARE = 0.06
+CHECKPOINT_S = 3600.0  # between a job's checkpoints (LifecycleConfig.checkpoint_interval_s's default)
+GOLDEN = 0.6180339887498949  # job k checkpoints at phase k * GOLDEN of the interval: jobs spread over it, seedless
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,25 @@ class Job:
     index: int
     name: str
     hosts: tuple[int, ...]
+    checkpoint_s: float = CHECKPOINT_S
 
     @property
     def world_size(self) -> int:
         return len(self.hosts) * GPUS_PER_HOST
+
+    @property
+    def phase_s(self) -> float:
+        """When in each interval (seconds from the run's start, modulo checkpoint_s) the job saves its checkpoint."""
+        return (self.index * GOLDEN) % 1.0 * self.checkpoint_s
+
+    def checkpoint_before(self, t: float) -> float:
+        """The job's last checkpoint at or before `t` (seconds of the run; one before the run's start counts: the
+        job was running before it)."""
+        return math.floor((t - self.phase_s) / self.checkpoint_s) * self.checkpoint_s + self.phase_s
+
+    def checkpoint_after(self, t: float) -> float:
+        """The job's next checkpoint at or after `t`."""
+        return math.ceil((t - self.phase_s) / self.checkpoint_s) * self.checkpoint_s + self.phase_s
 
 
 @dataclass
@@ -136,7 +154,8 @@ def _pack_jobs(n_hosts: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
 
 def build_fleet(n_hosts: int, *, seed: int = 0, cluster: str = "sim", gpu_model: str = "H100",
                 hosts_per_rack: int = 16, driver_version: str = "550.127.08",
-                jobs: Sequence[int] | None = None, domain_hosts: int = 1) -> Fleet:
+                jobs: Sequence[int] | None = None, domain_hosts: int = 1,
+                checkpoint_s: float = CHECKPOINT_S) -> Fleet:
     """Lay out `n_hosts` hosts: names gpu-node-0000.., racks rack-000.., jobs job-0000...
 
     `jobs` gives each job's host count (a scenario written for one 1,024-rank job); None = a seeded random layout.
@@ -152,7 +171,7 @@ def build_fleet(n_hosts: int, *, seed: int = 0, cluster: str = "sim", gpu_model:
     spans = _place_jobs(n_hosts, rng) if jobs is None else _pack_jobs(n_hosts, list(jobs))
     placed = []
     for j, (first, size) in enumerate(spans):
-        placed.append(Job(j, f"job-{j:04d}", tuple(range(first, first + size))))
+        placed.append(Job(j, f"job-{j:04d}", tuple(range(first, first + size)), checkpoint_s))
         host_job[first:first + size] = j
     uuids = [[gpu_uuid(cluster, h, i) for i in range(GPUS_PER_HOST)] for h in hosts]
     return Fleet(cluster, DEVICES[gpu_model], driver_version, hosts, racks, placed, host_job, uuids,

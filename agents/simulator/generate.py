@@ -34,13 +34,14 @@ def expand(scenario: Scenario, fleet: Fleet, seed: int) -> Scenario:
     """
     if not scenario.generate:
         return scenario
-    drawn = []
+    drawn, used = [], np.zeros(fleet.n_hosts, dtype=bool)  # hosts drawn so far, by every block
     for b, block in enumerate(scenario.generate):
-        drawn += _block(block, b, fleet, np.random.default_rng([seed, b, STREAM]))
+        drawn += _block(block, b, fleet, np.random.default_rng([seed, b, STREAM]), used)
     return scenario.model_copy(update={"faults": [*scenario.faults, *drawn], "generate": []})
 
 
-def _block(block: Generate, b: int, fleet: Fleet, rng: np.random.Generator) -> list:
+def _block(block: Generate, b: int, fleet: Fleet, rng: np.random.Generator, used: np.ndarray) -> list:
+    """Block b's faults; with distinct_hosts, on hosts no block drew before (while any is left)."""
     n = fleet.n_hosts
     count = block.count if block.count is not None else round(block.share_of_hosts * n)
     labels = np.repeat(np.arange(len(block.causes)), allocate(count, [c.weight for c in block.causes]))
@@ -48,7 +49,6 @@ def _block(block: Generate, b: int, fleet: Fleet, rng: np.random.Generator) -> l
     t0, t1 = block.between
     times = np.full(count, t0) if t0 == t1 else np.sort(rng.uniform(t0, t1, count))
     anywhere, runs_job = np.ones(n, dtype=bool), fleet.host_job >= 0
-    used = np.zeros(n, dtype=bool)
     distinct = block.distinct_hosts and count <= n
     out = []
     for c, t in zip(labels.tolist(), times.tolist()):

@@ -89,7 +89,7 @@ class FleetSimulator:
         try:
             self.fleet = build_fleet(hosts, seed=seed, cluster=cluster, gpu_model=gpu_model,
                                      hosts_per_rack=layout.hosts_per_rack, jobs=layout.jobs,
-                                     domain_hosts=layout.nvlink_domain_hosts)
+                                     domain_hosts=layout.nvlink_domain_hosts, checkpoint_s=layout.checkpoint_s)
         except ValueError as exc:
             raise ConfigError(f"scenario {scenario.name}: fleet.jobs: {exc}") from None
         self.scenario = expand(scenario, self.fleet, seed)

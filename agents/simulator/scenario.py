@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from agents.simulator.fleet import CHECKPOINT_S
 from agents.simulator.kinds import FAULT_ADAPTER, FaultSpec
 from core.errors import ConfigError
 
@@ -33,6 +34,9 @@ class FleetSpec(_Block):
     nvlink_domain_hosts: int = Field(default=1, ge=1, le=72, description="hosts (trays) per NVLink domain, packed "
                                      "from host 0: 1 = each HGX board its own domain; 18 = GB200 NVL72 (one fabric "
                                      "clique per 18 trays)")
+    checkpoint_s: PositiveFloat = Field(default=CHECKPOINT_S, description="between each job's checkpoints (job k at "
+                                        "phase k x 0.618 of the interval): a drain asked for after the job waits "
+                                        "for the next one; a job stopped loses the work since the last")
     rack_budgets_w: dict[str, PositiveFloat] = Field(
         default_factory=dict, description="rack power budgets, carried for the stream worker (the simulator ignores)")
 

@@ -329,6 +329,11 @@ def truth_record(*, run_id: str, number: int, spec, fleet: Fleet, host: int, gpu
                                          interval=interval, busy=job is not None)
     params = {k: float(v) for k, v in spec.model_dump(exclude=COMMON_FIELDS).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if spec.kind in ("fabric_down", "nvlink_inactive") and getattr(spec, "whole_rack", False):
+        params["domain_trays"] = float(len(down))  # one incident: its trays wait for the domain's one repair
+    if spec.kind == "ecc_ramp":  # when the trend rule can call it a climb: a run that ends sooner cannot expect it
+        seen = ramp_suspect_at(spec, interval)
+        params["suspect_after_s"] = (seen - spec.at) if seen is not None else spec.lead_s
     return {
         "run_id": run_id, "fault_id": f"{run_id}-{number:03d}" + ("" if part is None else f".{part:03d}"),
         "kind": truth_kind(spec), "cause": spec.cause,

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 # Columns read per table; times come back as epoch seconds.
 QUERIES = {
     "truth": "SELECT fault_id, kind, cause, host, rack, gpu_index, job, rank, toFloat64(ts) AS ts, "
-             "toFloat64(end_ts) AS end_ts, hardware, expected, toFloat64(kafka_ts) AS kafka_ts FROM sim_truth",
+             "toFloat64(end_ts) AS end_ts, hardware, expected, allowed, params, toFloat64(kafka_ts) AS kafka_ts "
+             "FROM sim_truth",
     "faults": "SELECT fault_id, host, gpu_index, code, bin, rule, count, toFloat64(first_ts) AS first_ts, "
               "toFloat64(ts) AS ts, toFloat64(kafka_ts) AS kafka_ts FROM faults",
     "alerts": "SELECT alertname, fingerprint, status, host, rack, gpu_index, toFloat64(starts_at) AS starts_at, "
@@ -74,8 +75,9 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
     brk = BreakerConfig.model_validate_json(p.streams_env.get("FLEETPULSE_BREAKER", "{}"))
     run = score.Run(start_ts=sim["start_ts"], end_ts=sim["end_ts"], hosts=p.hosts, gpus=sim["fleet_gpus"],
                     dwell_s=lifecycle.min_dwell_s, breaker_cap=cap(p.hosts, brk), breaker_window_s=brk.window_s,
-                    out_s={kind: p.bot.out_s(kind) for kind in REPAIR_KINDS})
-    truth = got["truth"]
+                    out_s={kind: p.bot.out_s(kind) for kind in REPAIR_KINDS}, drain_s=p.bot.drain_s,
+                    jobs=sim.get("jobs", {}))
+    truth = score.seen_by_end(got["truth"], run)
     sigs = score.signals(got["faults"], got["alerts"], got["stragglers"], got["drains"])
     outcomes = score.match(truth, sigs, run)
     injected_at = _injected_at(truth, got["xid"])
@@ -118,8 +120,11 @@ def report(ev: Evaluation, sim: dict, got: dict[str, list[dict]], sink: ClickHou
         "transitions": score.transitions(got["states"], run),
         "breaker": score.breaker(got["alerts"], sigs, run),
         "alerts": score.alert_counts(got["alerts"], run),
-        "remediation": {"answered": dict(ev.bot.answered), "unanswered_at_end": ev.bot.waiting},
+        "remediation": {"answered": dict(ev.bot.answered), "unanswered_at_end": ev.bot.waiting,
+                        "domain_repairs": len(ev.bot.shared)},
         "usable_compute": score.usable_compute(got["usable_compute"], truth, run),
+        # memory ramps: how far ahead each was suspect, and what the jobs lost under each policy for a suspect
+        "suspects": score.suspect_policies(truth, sigs, got["states"], run, lifecycle.job_restart_s),
         # what `fleetpulse report` prints over the run's database: the figures every view of a run shares
         "outcomes": run_outcomes(sink.settings),
     }

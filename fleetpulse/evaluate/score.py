@@ -25,8 +25,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from agents.simulator.truth import EXPECTED, RAMP_MARGIN_S
 
 THERMAL_ALERTS = frozenset({"GpuTempHigh", "GpuTempSlowdown", "GpuTempNearShutdown", "GpuHwThermalSlowdown",
                             "GpuSwThermalSlowdown", "GpuHwSlowdown"})
@@ -87,6 +90,10 @@ class Run:
     # Per repair bin, how long the run's remediation bot keeps a drained node out (drain, repair, validation, undrain):
     # the truth of usable compute keeps a host out that long after its fault, however soon the fault itself ends.
     out_s: Mapping[str, float] = field(default_factory=dict)
+    drain_s: float = 60.0  # the bot's drain itself
+    # The simulator's jobs by name (agents/simulator/fleet.Job: world_size, checkpoint_before/after in seconds of the
+    # run): a drain after the job waits for its next checkpoint; a job stopped loses the work since its last.
+    jobs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,6 +284,55 @@ def hardware_recall(outcomes: Sequence[Outcome]) -> dict:
             "not_visible_to_gpu_telemetry": dict(sorted(hidden.items()))}
 
 
+def suspect_policies(truth: Sequence[Mapping], sigs: Sequence[Signal], states: Sequence[Mapping], run: Run,
+                     restart_s: float, w: Windows = Windows()) -> dict:
+    """What the run's policy for a suspect GPU (drained once its job reaches a checkpoint) cost the jobs, against
+    draining it at once, both from this run: each memory ramp on a job's host, by when it was first suspect (its
+    `fault:ecc_trend`), when its node was drained (node_states) and when it was to fail (its lead). A job stopped loses
+    `restart_s` and the work since its last checkpoint; one that leaves the node at a checkpoint, its restart alone;
+    one the failure crashes, both. The node's repair takes as long under either policy (only when it begins
+    differs): not counted. A ramp whose failure and drain both lie past the run's end is left out (undecided)."""
+    drained: dict[str, list[float]] = defaultdict(list)
+    for r in states:
+        if r["state"] == "drained":
+            drained[r["host"]].append(float(r["ts"]))
+    ramps = [t for t in truth if t["kind"] == "ecc_ramp"]
+    lost = {"drain_when_idle": 0.0, "drain_at_once": 0.0}
+    leads, counts = [], defaultdict(int)
+    for t in ramps:
+        ts, lo_hi = float(t["ts"]), _window(t, run, w)
+        fails = ts + (t.get("params") or {}).get("lead_s", math.inf)
+        suspect = min((s.ts for s in sigs if s.token == "fault:ecc_trend" and lo_hi[0] <= s.ts <= lo_hi[1]
+                       and _fits(s, t)), default=None)
+        if suspect is not None and suspect < fails:
+            counts["suspect_before_failure"] += 1
+            leads.append((fails - suspect) / 60.0)
+        job = run.jobs.get(t.get("job") or "")
+        out = min((d for d in drained[t["host"]] if d >= (suspect if suspect is not None else ts)), default=None)
+        if job is None:
+            counts["idle_hosts"] += 1
+            continue
+        if fails > run.end_ts and (out is None or out > run.end_ts):
+            counts["undecided_at_end"] += 1
+            continue
+        gpus, restart_h = job.world_size, restart_s / 3600.0
+        crash = gpus * (restart_h + (fails - _ckpt(run, job, fails, after=False)) / 3600.0)
+        if out is not None and out <= fails:
+            counts["drained_before_failure"] += 1
+            lost["drain_when_idle"] += gpus * restart_h
+        else:
+            counts["failed_before_drain"] += 1
+            lost["drain_when_idle"] += crash
+        lost["drain_at_once"] += (gpus * (restart_h + (suspect - _ckpt(run, job, suspect, after=False)) / 3600.0)
+                                  if suspect is not None and suspect < fails else crash)
+    return {"ramps": len(ramps), **{k: counts[k] for k in ("suspect_before_failure", "idle_hosts",
+                                                             "drained_before_failure", "failed_before_drain",
+                                                             "undecided_at_end")},
+            "lead_min": quantiles(leads), "gpu_hours_lost": {k: round(v, 1) for k, v in lost.items()},
+            "basis": f"a stopped job loses {restart_s:g} s of restart and the work since its last checkpoint; the "
+                     f"repairs take as long either way"}
+
+
 SOFT = frozenset({"healthy", "suspect"})
 
 
@@ -350,13 +406,55 @@ def stragglers(outcomes: Sequence[Outcome], sigs: Sequence[Signal]) -> dict:
             "other_ranks_flagged": len(others), "other_ranks": others[:20]}
 
 
+def seen_by_end(truth: Sequence[Mapping], run: Run) -> list[Mapping]:
+    """The truth as the run could show it: a memory ramp the trend rule can only call a climb after the run's end
+    (its `suspect_after_s`, agents/simulator/truth.py, and the simulator's margin) expects no suspect of this run; its
+    suspect's tokens become allowed (a run cut short, as a test's is)."""
+    out = []
+    for t in truth:
+        after = (t.get("params") or {}).get("suspect_after_s")
+        if t["kind"] == "ecc_ramp" and after is not None and float(t["ts"]) + after + RAMP_MARGIN_S > run.end_ts:
+            moved = [tok for tok in t["expected"] if tok in EXPECTED["ecc_ramp"]]
+            t = {**t, "expected": [tok for tok in t["expected"] if tok not in moved],
+                 "allowed": [*t.get("allowed", ()), *moved]}
+        out.append(t)
+    return out
+
+
+def _ckpt(run: Run, job: Any, ts: float, after: bool) -> float:
+    """The job's checkpoint after (or before) epoch `ts`, in epoch seconds."""
+    rel = ts - run.start_ts
+    return run.start_ts + (job.checkpoint_after(rel) if after else job.checkpoint_before(rel))
+
+
+def _drain_begins(t: Mapping, run: Run) -> tuple[float, bool]:
+    """When the truth's drain of a fault's host begins, and whether it waited for the host's job (a drain after the
+    job: its GPUs count as in use until the bot drains it): at once, but a memory ramp's once it is suspect and its
+    job reaches a checkpoint, or at its failure if that comes first."""
+    ts, params = float(t["ts"]), t.get("params") or {}
+    if t["kind"] != "ecc_ramp" or "suspect_after_s" not in params:
+        return ts, False
+    suspect, fails = ts + params["suspect_after_s"], ts + params.get("lead_s", math.inf)
+    job = run.jobs.get(t.get("job") or "")
+    waits = _ckpt(run, job, suspect, after=True) if job is not None else suspect
+    return (waits, True) if waits < fails else (fails, False)
+
+
+def _out_at(t: Mapping, run: Run) -> float:
+    """When a host a fault takes out leaves service in the truth."""
+    begins, waited = _drain_begins(t, run)
+    return begins + (run.drain_s if waited else 0.0)
+
+
 def _back_at(t: Mapping, run: Run) -> float:
     """When a host a fault took out is back in the truth: the fault's end or its repair cycle's, whichever is later
     (no end and no cycle: never)."""
     repair = next((tok.split(":", 1)[1] for tok in t["expected"] if tok.startswith("bin:")), "inspect")
+    if (t.get("params") or {}).get("domain_trays", 0) > 1 and "domain" in run.out_s:
+        repair = "domain"  # a whole NVLink domain's fault: its trays wait for the shared part's one repair
     ends = [float(t["end_ts"])] if t.get("end_ts") else []
     if repair in run.out_s:
-        ends.append(float(t["ts"]) + run.out_s[repair])
+        ends.append(_drain_begins(t, run)[0] + run.out_s[repair])
     return max(ends) if ends else math.inf
 
 
@@ -377,7 +475,7 @@ def usable_compute(minutes: Sequence[Mapping], truth: Sequence[Mapping], run: Ru
             partial += 1  # the lifecycle has not heard from every node yet: not the fleet's figure
             continue
         out_hosts = {t["host"] for t in truth if "drain" in t["expected"] and t["hardware"]
-                     and float(t["ts"]) <= t0 + 60 < _back_at(t, run)}
+                     and _out_at(t, run) <= t0 + 60 < _back_at(t, run)}
         measured.append(float(m["usable_compute"]))
         expected.append(1.0 - len(out_hosts) / max(run.hosts, 1))
     if not measured:

@@ -248,10 +248,10 @@ def test_llama3_mix_maintenance_says_goodbye_and_hardware_host_faults_go_silent(
             truth[r["cause"]].append(r)
         goodbyes = {sim.fleet.hosts.index(a["host"]) for a in t.agent if a["state"] == "stopping"}
         assert goodbyes <= maintenance
-    assert len(truth["host_maintenance"]) == 9
+    assert len(truth["host_maintenance"]) == 10
     assert {(tuple(r["expected"]), r["hardware"]) for r in truth["host_maintenance"]} == {((), False)}
     down = [r for c in silent for r in truth[c]]
-    assert len(down) == 3 and {(tuple(r["expected"]), r["hardware"], r["end_ts"]) for r in down} == {
+    assert len(down) == 4 and {(tuple(r["expected"]), r["hardware"], r["end_ts"]) for r in down} == {
         (("fault:host_silent", "bin:reboot", "drain"), True, None)}
     # switch/cable, NIC and SSD faults now show on the host's ports and in its kernel log: each drains
     seen = [r for c in ("network_switch_cable", "nic", "ssd") for r in truth[c]]

@@ -140,3 +140,14 @@ def test_build_fleet_rejects_nonsense():
         build_fleet(0)
     with pytest.raises(ValueError, match="unknown gpu model"):
         build_fleet(2, gpu_model="B200")
+
+
+def test_jobs_checkpoint_on_their_own_phase_of_the_interval():
+    fleet = build_fleet(64, seed=1, jobs=[16, 16, 16], checkpoint_s=1000.0)
+    phases = [job.phase_s for job in fleet.jobs]
+    assert phases[0] == 0.0 and len(set(phases)) == 3 and all(0 <= p < 1000 for p in phases)
+    job = fleet.jobs[1]  # phase 618.03...
+    assert job.checkpoint_before(700.0) == pytest.approx(618.034, abs=1e-3)
+    assert job.checkpoint_after(700.0) == pytest.approx(1618.034, abs=1e-3)
+    assert job.checkpoint_before(100.0) == pytest.approx(-381.966, abs=1e-3)  # it ran before the run began
+    assert job.checkpoint_after(job.phase_s) == job.checkpoint_before(job.phase_s) == job.phase_s

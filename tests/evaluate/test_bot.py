@@ -34,3 +34,38 @@ def test_validation_reports_measurements_that_meet_the_requirements():
     (result,) = bot.due(300.0)
     assert result.measurements == {"dcgm_diag_level": 3.0, "nccl_busbw_gbs": 50.5}
     assert "r3 pass" in result.detail
+
+
+def test_a_drain_after_the_job_waits_for_its_checkpoint_and_a_resend_now_replaces_it():
+    """A suspect's drain (mode after_jobs) waits for the host's job to reach its next checkpoint, then takes the
+    drain's time; the host's failure asks again at once (resend_of), and the first request is then never answered."""
+    bot = SimulatedBot(BotConfig(drain_s=60), checkpoint_after=lambda host, ts: 1800.0 if host == "h1" else None)
+    bot.receive(event("drain", 1000.0, event_id="h1:1:drain:1", mode="after_jobs"))
+    assert bot.due(1859.0) == []
+    assert [(r.event_id, r.ts) for r in bot.due(1860.0)] == [("h1:1:drain:1", 1860.0)]
+    bot.receive(event("drain", 1000.0, event_id="h1:2:drain:1", mode="after_jobs"))
+    bot.receive(event("drain", 1200.0, event_id="h1:2:drain:2", mode="immediate", resend_of="h1:2:drain:1"))
+    assert [(r.event_id, r.ts) for r in bot.due(4000.0)] == [("h1:2:drain:2", 1260.0)]
+    assert bot.waiting == 0
+
+
+def test_a_drain_after_the_job_on_an_idle_host_or_without_jobs_known_goes_at_once():
+    idle = SimulatedBot(BotConfig(drain_s=60), checkpoint_after=lambda host, ts: None)
+    idle.receive(event("drain", 1000.0, mode="after_jobs"))
+    blind = SimulatedBot(BotConfig(drain_s=60))
+    blind.receive(event("drain", 1000.0, mode="after_jobs"))
+    assert [r.ts for r in idle.due(1060.0)] == [r.ts for r in blind.due(1060.0)] == [1060.0]
+
+
+def test_the_trays_of_one_nvlink_domain_incident_share_one_repair():
+    """The first tray's repair request starts the domain's repair; every tray of the incident is answered when it is
+    done (a later request at once); another attempt is another repair."""
+    bot = SimulatedBot(BotConfig(repair_s={"reboot": 600, "domain": 900}))
+    for host, ts in (("t1", 1000.0), ("t2", 1100.0), ("t3", 2500.0)):
+        bot.receive({**event("repair", ts, event_id=f"{host}:1:repair:2", repair="reboot", incident="c1/7",
+                             incident_since="900", attempt="1"), "host": host})
+    bot.receive({**event("repair", 3000.0, event_id="t1:1:repair:3", repair="reboot", incident="c1/7",
+                         incident_since="900", attempt="2"), "host": "t1"})
+    assert [(r.host, r.ts) for r in bot.due(10_000.0)] == [("t1", 1900.0), ("t2", 1900.0), ("t3", 2500.0),
+                                                           ("t1", 3900.0)]
+    assert len(bot.shared) == 2

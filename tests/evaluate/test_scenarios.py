@@ -150,8 +150,8 @@ async def test_faults_with_no_xid_drain_what_they_must_and_a_stalled_collector_o
 
 async def test_a_fabric_manager_down_across_an_18_tray_domain_is_one_incident_not_18(settings_env):
     """gpu-domain: the 18 trays of one NVLink domain lose their fabric together: each drained, as one incident (one
-    page, the breaker counting the domain once and never tripping); a lone tray's fabric in another domain drains by
-    itself; every tray validates back and the page resolves."""
+    page, the breaker counting the domain once and never tripping, one repair of the domain's shared part); a lone
+    tray's fabric in another domain drains by itself; every tray validates back and the page resolves."""
     r = await evaluate("gpu-domain")
     landed_in_full(r)
     k = r["fault_kinds"]["fabric_down"]
@@ -167,11 +167,16 @@ async def test_a_fabric_manager_down_across_an_18_tray_domain_is_one_incident_no
     drains = _rows(settings, "SELECT host, evidence['incident'] AS incident FROM drain_events WHERE action = 'drain'")
     joined = {row["host"] for row in drains if row["incident"] == pages[0]["domain"]}
     assert len(joined) == 17 and "gpu-node-0040" not in joined, drains  # the first tray's went out before its peers'
+    # the 17 are repaired as one: the domain's shared part once, every tray's repair answered with it
+    repairs = _rows(settings, "SELECT host, evidence['incident'] AS incident FROM drain_events WHERE action = 'repair'")
+    assert {row["host"] for row in repairs if row["incident"] == pages[0]["domain"]} == joined, repairs
+    assert r["remediation"]["domain_repairs"] == 1, r["remediation"]
 
 
 async def test_gpus_whose_corrected_errors_climb_are_suspect_before_they_fail_and_drained_after_their_job(settings_env):
     """Three memory ramps: each GPU suspect (ecc_trend) before its failure, drained with mode after_jobs (its job's
-    ranks not stopped), no GPU with a steady trickle called suspect, no drain at once."""
+    ranks not stopped) once its job reaches a checkpoint, no GPU with a steady trickle called suspect, no drain at
+    once; what the jobs lost that way against draining at once."""
     r = await evaluate("gpu-gray")
     landed_in_full(r)
     k = r["fault_kinds"]["ecc_ramp"]
@@ -187,6 +192,12 @@ async def test_gpus_whose_corrected_errors_climb_are_suspect_before_they_fail_an
     suspects = _rows(settings, "SELECT host, gpu_index FROM faults WHERE code = 'ecc_trend'")
     assert sorted((s["host"], s["gpu_index"]) for s in suspects) == [("gpu-node-0002", 3), ("gpu-node-0005", 0),
                                                                      ("gpu-node-0011", 6)]
+    # job-0000 saves a checkpoint every hour from 0 s: both of its suspects reach one before they fail, and leave it
+    # then (its restart lost, not its work); 0011 runs no job
+    p = r["suspects"]
+    assert (p["suspect_before_failure"], p["drained_before_failure"], p["failed_before_drain"], p["idle_hosts"]) == \
+        (3, 2, 0, 1), p
+    assert 0 < p["gpu_hours_lost"]["drain_when_idle"] < p["gpu_hours_lost"]["drain_at_once"], p
 
 
 async def test_flapping_sensor_changes_node_state_at_most_once_per_dwell(settings_env):

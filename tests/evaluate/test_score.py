@@ -245,3 +245,71 @@ def test_a_signal_a_band_allows_is_neither_found_nor_false():
     assert (s["expected"], s["flagged_expected"], s["other_ranks_flagged"]) == (0, 0, 0)
     assert all(o.detected == {} and o.drain is None for o in outcomes)
     assert score.per_kind(outcomes, sigs, {})["host_down"]["observable"] == 0
+
+
+class _Job:
+    """A job of `gpus` GPUs checkpointing every 1,000 s of the run from 0 (agents/simulator/fleet.Job's interface)."""
+
+    def __init__(self, gpus):
+        self.world_size = gpus
+
+    @staticmethod
+    def checkpoint_before(t):
+        return (t // 1000) * 1000.0
+
+    @staticmethod
+    def checkpoint_after(t):
+        return -(-t // 1000) * 1000.0
+
+
+RAMP = ["fault:ecc_trend", "bin:inspect", "drain"]
+
+
+def ramp(fid, host, ts, *, suspect_after, lead, job="job-0"):
+    t = truth(fid, "ecc_ramp", host, ts, gpu=1, expected=RAMP, job=job)
+    return {**t, "params": {"suspect_after_s": float(suspect_after), "lead_s": float(lead)}}
+
+
+def test_a_ramp_the_run_ends_before_it_could_be_suspect_expects_no_suspect():
+    run = score.Run(start_ts=T0, end_ts=T0 + 3000, hosts=10, gpus=80)
+    early, late = ramp("a", "h1", 100, suspect_after=1000, lead=3600), ramp("b", "h2", 100, suspect_after=2500, lead=3600)
+    kept, cut = score.seen_by_end([early, late], run)
+    assert kept["expected"] == RAMP
+    assert cut["expected"] == [] and set(RAMP) <= set(cut["allowed"])
+
+
+def test_suspect_policies_count_what_jobs_lose_drained_at_a_checkpoint_against_drained_at_once():
+    """h1's GPU is suspect at 1,500 s and fails at 2,600 s: its job reaches a checkpoint at 2,000 s and leaves the
+    node then (64 GPUs lose the 600 s restart), where draining at once would have lost the restart and the 500 s since
+    the 1,000 s checkpoint. h2's is suspect at 2,100 s and fails at 2,900 s, before its job's 3,000 s checkpoint: the
+    failure crashes the job (restart and 900 s since 2,000 s), against 100 s since the checkpoint at once. h3's never
+    became suspect: a crash either way. h4 runs no job; h5 fails after the run."""
+    run = score.Run(start_ts=T0, end_ts=T0 + 3500, hosts=10, gpus=80, jobs={"job-0": _Job(64)})
+    t = [ramp("a", "h1", 0, suspect_after=1500, lead=2600), ramp("b", "h2", 0, suspect_after=2100, lead=2900),
+         ramp("c", "h3", 0, suspect_after=2900, lead=3100), ramp("d", "h4", 0, suspect_after=1500, lead=2600, job=None),
+         ramp("e", "h5", 1000, suspect_after=2000, lead=4000)]
+    sigs = score.signals([fault("h1", 1, "ecc_trend", 1500, 1.0, "inspect"), fault("h2", 1, "ecc_trend", 2100, 1.0,
+                                                                                 "inspect"),
+                          fault("h4", 1, "ecc_trend", 1500, 1.0, "inspect"), fault("h5", 1, "ecc_trend", 3000, 1.0,
+                                                                                   "inspect")], [], [], [])
+    states = [{"host": "h1", "state": "drained", "ts": T0 + 2060}, {"host": "h2", "state": "drained", "ts": T0 + 2960},
+              {"host": "h4", "state": "drained", "ts": T0 + 1560}]
+    p = score.suspect_policies(t, sigs, states, run, restart_s=600)
+    assert (p["ramps"], p["suspect_before_failure"], p["idle_hosts"], p["undecided_at_end"]) == (5, 4, 1, 1)
+    assert (p["drained_before_failure"], p["failed_before_drain"]) == (1, 2)
+    h = 64 / 3600
+    idle = h * 600 + h * (600 + 900) + h * (600 + 100)
+    once = h * (600 + 500) + h * (600 + 100) + h * (600 + 100)
+    assert p["gpu_hours_lost"] == {"drain_when_idle": round(idle, 1), "drain_at_once": round(once, 1)}
+    assert p["lead_min"]["n"] == 4 and p["lead_min"]["max"] == pytest.approx(2000 / 60, abs=0.1)  # h5
+
+
+def test_usable_compute_truth_takes_a_suspect_out_when_its_job_reaches_a_checkpoint():
+    """A ramp suspect at 1,500 s on a job that checkpoints at 2,000 s is out from 2,060 s (the drain after it); one
+    that fails first is out at its failure."""
+    run = score.Run(start_ts=T0, end_ts=T0 + 3600, hosts=10, gpus=80, out_s={"inspect": 1000.0}, drain_s=60.0,
+                    jobs={"job-0": _Job(64)})
+    assert score._out_at(ramp("a", "h1", 0, suspect_after=1500, lead=2600), run) == T0 + 2060
+    assert score._back_at(ramp("a", "h1", 0, suspect_after=1500, lead=2600), run) == T0 + 3000
+    assert score._out_at(ramp("b", "h1", 0, suspect_after=1500, lead=1900), run) == T0 + 1900
+    assert score._out_at(ramp("c", "h1", 0, suspect_after=1500, lead=2600, job=None), run) == T0 + 1560
