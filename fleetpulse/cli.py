@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("fleetpulse.evaluate.cli", "run a scenario through the real pipeline and score it against truth"),
     "bot": ("bots.cli", "run a remediation bot: act on drain events through a scheduler (Slurm or Kubernetes)"),
     "breaker": ("fleetpulse.breaker_cli", "show the fleet-wide drain breaker, or reset it after a trip"),
+    "watch": ("fleetpulse.watch", "watch every consumer group's lag in time; raise PipelineLagging on the alert topic"),
     "sink": ("sinks.cli", "run the ClickHouse sink"),
     "query": ("fleetpulse.query", "run SQL on the store and print tab-separated rows"),
     "report": ("fleetpulse.report", "the fleet's outcomes over a time range: usable compute, interruptions, drains"),

@@ -17,7 +17,8 @@ ROLES = (("core.settings", "CommonSettings", "every process"),
          ("agents.settings", "AgentSettings", "the host agent (`fleetpulse agent`)"),
          ("streams.settings", "StreamsSettings", "the stream worker (`fleetpulse streams`)"),
          ("sinks.settings", "SinkSettings", "the sink (`fleetpulse sink`)"),
-         ("bots.settings", "BotSettings", "the remediation bots (`fleetpulse bot`)"))
+         ("bots.settings", "BotSettings", "the remediation bots (`fleetpulse bot`)"),
+         ("fleetpulse.watch", "WatchSettings", "the lag watch (`fleetpulse watch`)"))
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

@@ -133,6 +133,7 @@ class Stack:
                 print(f"up: the fleet page is on {page_url}", file=sys.stderr, flush=True)
             if not a.no_streams:
                 await self._child("streams", "streams").start()
+            await self._child("watch", "watch").start()  # every consumer group's lag: PipelineLagging
             sim_args = ["simulate", "--hosts", str(a.hosts), "--seed", str(a.seed), "--speed", str(a.speed),
                         "--scenario", a.scenario, "--follow-repairs"]
             if a.duration is not None:
@@ -178,7 +179,7 @@ class Stack:
             if bot is not None:
                 done = (await asyncio.gather(bot, return_exceptions=True))[0]
                 answered = done if isinstance(done, int) else 0
-            for name in ("streams", "sink", "simulate"):
+            for name in ("watch", "streams", "sink", "simulate"):
                 if name in self.children:
                     await self.children[name].stop()
             if watch is not None:

@@ -1,0 +1,284 @@
+"""`fleetpulse watch`: the pipeline watches itself. For every consumer group of the deployment (the stream workers,
+the sink, the bots: whoever commits offsets on the deployment's topics) and each topic it reads, how far behind it
+is: records not yet committed, and their age, now less the Kafka timestamp of the oldest record the group has not
+committed (the one at its committed offset). A consumer cannot report its own lag once it is stopped or stuck; this
+reads it from the broker, the same way for every role.
+
+A group whose lag on a topic passes `watch_lag_s` (60 s) fires `PipelineLagging` on the alert topic (severity
+critical; labels group, role, topic; its records and age as evidence), resolved once the lag is back under half the
+threshold or the group is gone. A fleet that sends nothing leaves every group caught up: no lag, no alert (the silence
+stage's FleetSilent says the fleet is quiet); a pipeline that stops while the fleet sends shows here, which role and
+since when. The lags are served as Prometheus gauges (FLEETPULSE_WATCH_METRICS_PORT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import Field, field_validator
+
+from agents.publisher import Publisher
+from core.errors import ConfigError
+from core.settings import CommonSettings, load
+from schemas.analytics import Alert, fingerprint
+from schemas.topics import ALERTS, INTERNAL, TOPICS
+from streams.app import APP_ID
+
+ALERTNAME = "PipelineLagging"
+log = logging.getLogger("fleetpulse.watch")
+
+
+class WatchSettings(CommonSettings):
+    """FLEETPULSE_WATCH_*; the rest is shared with every process."""
+
+    watch_lag_s: float = Field(default=60.0, gt=0, description="a consumer group this far behind on a topic (the "
+                               "age of its oldest record not committed) raises PipelineLagging")
+    watch_interval_s: float = Field(default=10.0, gt=0, le=3600, description="how often the groups are measured")
+    watch_metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus /metrics of the "
+                                           "groups' lags (e.g. 9467); empty or off: none")
+    watch_metrics_addr: str = Field(default="0.0.0.0", description="address the watch's /metrics listens on")
+
+    @field_validator("watch_metrics_port", mode="before")
+    @classmethod
+    def _off(cls, value):
+        return None if value in ("", "off", "none") else value
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """One consumer group on one topic: records it has not committed and the age of the oldest of them."""
+
+    group: str
+    role: str
+    topic: str  # the registry's name (no prefix); an internal topic by its own name
+    records: int
+    lag_s: float  # 0 when caught up
+    since: float | None = None  # the Kafka timestamp of the oldest record not committed
+
+
+def role_of(group: str, prefix: str) -> str:
+    """Which role a consumer group is: the stream worker's, the sink's or a bot's (else the group's own name)."""
+    rest = group[len(prefix):] if group.startswith(prefix) else group
+    if rest.startswith(APP_ID):
+        return "streams"
+    if "sink" in rest:
+        return "sink"
+    return "bot" if rest.startswith("fleetpulse-bot-") else rest
+
+
+def our_topics(prefix: str) -> dict[str, str]:
+    """Topic name on the cluster -> the registry's name, for every public and internal topic of the deployment."""
+    out = {t.full(prefix): t.name for t in TOPICS.values()}
+    out.update({t.full(prefix + APP_ID): t.name for t in INTERNAL.values()})
+    return out
+
+
+class LagWatch:
+    """Measures every group's lag on the deployment's topics with one admin client and one group-less consumer."""
+
+    def __init__(self, settings: CommonSettings, clock: Callable[[], float] = time.time):
+        self.settings, self.clock = settings, clock
+        self.topics = our_topics(settings.topic_prefix)
+        client = settings.kafka_client_args()
+        self.admin = AIOKafkaAdminClient(**client)
+        self.reader = AIOKafkaConsumer(**client, enable_auto_commit=False, auto_offset_reset="earliest")
+
+    async def start(self) -> None:
+        await self.admin.start()
+        await self.reader.start()
+
+    async def close(self) -> None:
+        await self.reader.stop()
+        await self.admin.close()
+
+    async def measure(self) -> list[GroupLag]:
+        """Every group's lag on every topic of ours it has committed on, worst first."""
+        groups = sorted(g for g, _ in await self.admin.list_consumer_groups())
+        committed: dict[str, dict[TopicPartition, int]] = {}
+        for group in groups:
+            offsets = await self.admin.list_consumer_group_offsets(group)
+            mine = {tp: m.offset for tp, m in offsets.items() if tp.topic in self.topics}
+            if mine:
+                committed[group] = mine
+        tps = sorted({tp for c in committed.values() for tp in c})
+        if not tps:
+            return []
+        ends = await self.reader.end_offsets(tps)
+        begins = await self.reader.beginning_offsets(tps)
+        behind = {(g, tp): max(off, begins[tp]) for g, c in committed.items() for tp, off in c.items()
+                  if max(off, begins[tp]) < ends[tp]}
+        stamps = await self._timestamps({(tp, off) for (_, tp), off in behind.items()})
+        now, out = self.clock(), {}
+        for group, c in committed.items():
+            for tp in c:
+                key = (group, self.topics[tp.topic])
+                records, since = out.get(key, (0, None))
+                at = behind.get((group, tp))
+                if at is not None:
+                    records += ends[tp] - at
+                    ts = stamps.get((tp, at))
+                    since = ts if since is None or (ts is not None and ts < since) else since
+                out[key] = (records, since)
+        lags = [GroupLag(g, role_of(g, self.settings.topic_prefix), t, n,
+                         round(max(0.0, now - since), 1) if since is not None else 0.0, since)
+                for (g, t), (n, since) in out.items()]
+        return sorted(lags, key=lambda x: (-x.lag_s, -x.records, x.group, x.topic))
+
+    async def _timestamps(self, wanted: set[tuple[TopicPartition, int]], timeout_s: float = 5.0) -> dict:
+        """(partition, offset) -> the Kafka timestamp (s) of the record at that offset (or the first after it, on a
+        compacted topic). Groups at different offsets of one partition are read in rounds, one record each."""
+        found: dict[tuple[TopicPartition, int], float] = {}
+        left = set(wanted)
+        while left:
+            layer: dict[TopicPartition, int] = {}
+            for tp, off in sorted(left, key=lambda x: x[1]):
+                layer.setdefault(tp, off)
+            left -= set(layer.items())
+            self.reader.assign(list(layer))
+            for tp, off in layer.items():
+                self.reader.seek(tp, off)
+            deadline = time.monotonic() + timeout_s
+            while any((tp, off) not in found for tp, off in layer.items()) and time.monotonic() < deadline:
+                for tp, records in (await self.reader.getmany(timeout_ms=200)).items():
+                    if records and (tp, layer[tp]) not in found:
+                        found[(tp, layer[tp])] = records[0].timestamp / 1000.0
+                        self.reader.pause(tp)
+        self.reader.assign([])
+        return found
+
+
+@dataclass
+class LagAlerts:
+    """Which (group, topic) pairs are lagging: fired once over `threshold_s`, resolved under half of it or when the
+    group no longer commits on the topic."""
+
+    threshold_s: float
+    firing: dict[tuple[str, str], float] = field(default_factory=dict)  # -> starts_at
+
+    def judge(self, lags: list[GroupLag], now: float) -> list[Alert]:
+        out, seen = [], set()
+        for lag in lags:
+            key = (lag.group, lag.topic)
+            seen.add(key)
+            if key not in self.firing and lag.lag_s > self.threshold_s:
+                self.firing[key] = lag.since or now
+                out.append(self._alert(lag, "firing", now))
+            elif key in self.firing and lag.lag_s <= self.threshold_s / 2:
+                out.append(self._alert(lag, "resolved", now))
+                del self.firing[key]
+        for group, topic in [k for k in self.firing if k not in seen]:
+            out.append(self._alert(GroupLag(group, "", topic, 0, 0.0), "resolved", now))
+            del self.firing[(group, topic)]
+        return out
+
+    def _alert(self, lag: GroupLag, status: str, now: float) -> Alert:
+        starts = self.firing.get((lag.group, lag.topic), now)
+        if status == "firing":
+            summary = (f"the {lag.role} (consumer group {lag.group}) is {lag.lag_s:,.0f} s behind on {lag.topic}: "
+                       f"{lag.records:,} records not yet taken, the oldest published at {lag.since:.0f}; its "
+                       f"outputs (alerts, drains, stored rows) are that late")
+        else:
+            summary = f"consumer group {lag.group} caught up on {lag.topic} (within {self.threshold_s / 2:g} s)"
+        return Alert(fingerprint=fingerprint(f"{ALERTNAME}|group={lag.group}|topic={lag.topic}"), status=status,
+                     alertname=ALERTNAME, severity="critical", ts=now, starts_at=starts,
+                     ends_at=now if status == "resolved" else None, value=lag.lag_s, threshold=self.threshold_s,
+                     summary=summary[:1000], labels={"group": lag.group, "role": lag.role, "topic": lag.topic},
+                     evidence={"records": float(lag.records), "lag_s": lag.lag_s})
+
+
+class WatchMetrics(Collector):
+    """The latest measurement, read at scrape time."""
+
+    def __init__(self):
+        self.lags: list[GroupLag] = []
+        self.firing: set[tuple[str, str]] = set()
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["group", "role", "topic"]
+        seconds = GaugeMetricFamily("fleetpulse_pipeline_lag_seconds", "age of the oldest record the group has not "
+                                    "committed on the topic (0: caught up)", labels=labels)
+        records = GaugeMetricFamily("fleetpulse_pipeline_lag_records", "records the group has not committed",
+                                    labels=labels)
+        lagging = GaugeMetricFamily("fleetpulse_pipeline_lagging", "1 while PipelineLagging fires", labels=labels)
+        for lag in self.lags:
+            key = [lag.group, lag.role, lag.topic]
+            seconds.add_metric(key, lag.lag_s)
+            records.add_metric(key, lag.records)
+            lagging.add_metric(key, int((lag.group, lag.topic) in self.firing))
+        yield from (seconds, records, lagging)
+
+
+async def watch(settings: WatchSettings, stop: asyncio.Event, metrics: WatchMetrics | None = None) -> None:
+    """Measure every `watch_interval_s` and publish what fires or resolves until `stop` is set; a broker away is
+    waited out (the next round measures again)."""
+    lag_watch, alerts = LagWatch(settings), LagAlerts(settings.watch_lag_s)
+    await lag_watch.start()
+    try:
+        async with Publisher(settings, client_id="fleetpulse-watch") as pub:
+            while not stop.is_set():
+                try:
+                    lags = await lag_watch.measure()
+                    for alert in alerts.judge(lags, time.time()):
+                        log.warning("%s %s: %s", alert.alertname, alert.status, alert.summary)
+                        await pub.send(ALERTS, alert.model_dump(mode="json"))
+                    await pub.flush()
+                    if metrics is not None:
+                        metrics.lags, metrics.firing = lags, set(alerts.firing)
+                except Exception as exc:  # noqa: BLE001 - the broker restarting: measure again next round
+                    log.warning("could not measure the groups' lag (%s: %s); again in %g s", type(exc).__name__, exc,
+                                settings.watch_interval_s)
+                try:
+                    await asyncio.wait_for(stop.wait(), settings.watch_interval_s)
+                except asyncio.TimeoutError:
+                    pass
+    finally:
+        await lag_watch.close()
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--once", action="store_true", help="measure once, print every group's lag as JSON, and exit")
+
+
+async def _once(settings: WatchSettings) -> list[dict]:
+    lag_watch = LagWatch(settings)
+    await lag_watch.start()
+    try:
+        return [asdict(lag) for lag in await lag_watch.measure()]
+    finally:
+        await lag_watch.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load(WatchSettings)
+    if args.once:
+        print(json.dumps(asyncio.run(_once(settings)), indent=2))
+        return 0
+    metrics = WatchMetrics()
+    if settings.watch_metrics_port is not None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(metrics)
+        try:
+            start_http_server(settings.watch_metrics_port, settings.watch_metrics_addr, registry=registry)
+        except OSError as exc:
+            raise ConfigError(f"FLEETPULSE_WATCH_METRICS_PORT {settings.watch_metrics_port}: {exc.strerror}; choose a "
+                              "free port, or `off`") from None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await watch(settings, stop, metrics)
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,119 @@
+"""`fleetpulse watch`: every consumer group's lag in time, read from the broker, and PipelineLagging raised and
+resolved on the alert topic; the rule on records, then on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from core.settings import load
+from fleetpulse.watch import ALERTNAME, GroupLag, LagAlerts, LagWatch, WatchSettings, role_of, watch
+from schemas.provision import ensure_topics
+from schemas.topics import ALERTS, SAMPLES
+
+T0 = 1_800_000_000.0
+
+
+def lag(group: str, lag_s: float, topic: str = "fleet.telemetry.samples", records: int = 10) -> GroupLag:
+    return GroupLag(group, role_of(group, ""), topic, records, lag_s, T0 - lag_s)
+
+
+def test_a_group_past_the_threshold_fires_once_and_resolves_under_half_of_it_or_when_gone():
+    alerts = LagAlerts(threshold_s=60)
+    assert alerts.judge([lag("fleetpulse-sink", 59)], T0) == []
+    [fired] = alerts.judge([lag("fleetpulse-sink", 75), lag("fleetpulse-streams", 0, records=0)], T0)
+    assert (fired.alertname, fired.status, fired.severity, fired.value, fired.starts_at) == (
+        ALERTNAME, "firing", "critical", 75, T0 - 75)
+    assert fired.labels == {"group": "fleetpulse-sink", "role": "sink", "topic": "fleet.telemetry.samples"}
+    assert "the sink (consumer group fleetpulse-sink) is 75 s behind" in fired.summary
+    assert alerts.judge([lag("fleetpulse-sink", 200)], T0 + 10) == []  # told once
+    assert alerts.judge([lag("fleetpulse-sink", 31)], T0 + 20) == []  # between half and the threshold: still firing
+    [resolved] = alerts.judge([lag("fleetpulse-sink", 30)], T0 + 30)
+    assert (resolved.status, resolved.fingerprint, resolved.ends_at) == ("resolved", fired.fingerprint, T0 + 30)
+    alerts.judge([lag("fleetpulse-bot-slurm-c1", 90, topic="fleet.drain.events")], T0 + 40)
+    [gone] = alerts.judge([], T0 + 50)  # the group no longer commits there (deleted, or moved on)
+    assert (gone.status, gone.labels["group"]) == ("resolved", "fleetpulse-bot-slurm-c1")
+
+
+def test_roles_by_group():
+    assert [role_of(g, "p.") for g in ("p.fleetpulse-streams", "p.fleetpulse-streams-decisions", "p.fleetpulse-sink",
+                                       "fleetpulse-bot-kubernetes-abc", "someone-else")] == [
+        "streams", "streams", "sink", "bot", "someone-else"]
+
+
+async def _commit(bootstrap: str, group: str, tp: TopicPartition, offset: int) -> None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.commit({tp: offset})
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.integration
+async def test_a_stopped_consumer_is_lagging_in_time_a_caught_up_one_is_not_and_the_alert_comes_and_goes(
+        kafka_bootstrap, topic_prefix):
+    """Five samples published two minutes ago: the sink's group committed two of them (three left, the oldest 120 s
+    old), the stream worker's all of them (a fleet gone quiet: nothing to take, no lag). The watch fires
+    PipelineLagging for the sink alone on the real alert topic, and resolves it once the sink commits the rest."""
+    client = {"bootstrap_servers": kafka_bootstrap}
+    await ensure_topics(client, prefix=topic_prefix)
+    tp = TopicPartition(SAMPLES.full(topic_prefix), 0)
+    sent_at = time.time() - 120
+    producer = AIOKafkaProducer(**client)
+    await producer.start()
+    try:
+        for i in range(5):
+            await producer.send_and_wait(tp.topic, b"{}", key=b"h", partition=0, timestamp_ms=int((sent_at + i) * 1000))
+    finally:
+        await producer.stop()
+    sink, streams = f"{topic_prefix}fleetpulse-sink", f"{topic_prefix}fleetpulse-streams"
+    await _commit(kafka_bootstrap, sink, tp, 2)
+    await _commit(kafka_bootstrap, streams, tp, 5)
+    settings = load(WatchSettings, kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
+                    watch_interval_s=0.2, watch_metrics_port="off")
+    lag_watch = LagWatch(settings)
+    await lag_watch.start()
+    try:
+        lags = {(x.group, x.topic): x for x in await lag_watch.measure()}
+    finally:
+        await lag_watch.close()
+    behind = lags[(sink, "fleet.telemetry.samples")]
+    assert (behind.role, behind.records, behind.since) == ("sink", 3, pytest.approx(sent_at + 2, abs=0.01))
+    assert 115 < behind.lag_s < 150
+    quiet = lags[(streams, "fleet.telemetry.samples")]
+    assert (quiet.role, quiet.records, quiet.lag_s) == ("streams", 0, 0.0)
+
+    stop = asyncio.Event()
+    running = asyncio.create_task(watch(settings, stop))
+    alerts = AIOKafkaConsumer(ALERTS.full(topic_prefix), bootstrap_servers=kafka_bootstrap,
+                              auto_offset_reset="earliest")
+    await alerts.start()
+    try:
+        seen = []
+
+        async def until(status: str) -> dict:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for records in (await alerts.getmany(timeout_ms=500)).values():
+                    seen.extend(orjson.loads(r.value) for r in records)
+                mine = [a for a in seen if a["status"] == status]
+                if mine:
+                    return mine[0]
+            raise AssertionError(f"no {status} alert in 30 s: {seen}")
+
+        fired = await until("firing")
+        assert (fired["alertname"], fired["labels"]["group"], fired["labels"]["role"]) == (ALERTNAME, sink, "sink")
+        await _commit(kafka_bootstrap, sink, tp, 5)  # the sink catches up
+        resolved = await until("resolved")
+        assert resolved["fingerprint"] == fired["fingerprint"]
+        assert [a["labels"]["group"] for a in seen] == [sink, sink]  # the caught-up worker never fired
+    finally:
+        stop.set()
+        await running
+        await alerts.stop()
