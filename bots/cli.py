@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 
+from bots import metrics
 from bots.config import BotConfig
 from bots.ledger import Ledger
 from bots.runner import BotRunner, Executor
@@ -69,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
                             replication=settings.replication)
         group = settings.bot_group_id or settings.group_id(args.bot, await executor.cluster_id())
         logging.getLogger(__name__).info("bot %s: consumer group %s", args.bot, group)
-        await BotRunner(settings, executor, ledger, group, max_age_s=config.max_age_s,
-                        max_concurrent=config.max_concurrent).run(stop)
+        runner = BotRunner(settings, executor, ledger, group, max_age_s=config.max_age_s,
+                           max_concurrent=config.max_concurrent)
+        if settings.bot_metrics_port is not None:
+            metrics.serve(args.bot, runner.counts, ledger, settings.bot_metrics_port, settings.bot_metrics_addr)
+        await runner.run(stop)
 
     try:
         asyncio.run(main())

@@ -70,6 +70,10 @@ class Counts:
     stale: int = 0
     malformed: int = 0
     answered: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)  # answers with ok false, by action
+    action_seconds: dict[str, float] = field(default_factory=dict)  # time acting, by action
+    last_event_ts: float | None = None  # the newest request taken: its event time
+    last_taken_at: float | None = None  # when (the bot's clock)
 
 
 class BotRunner:
@@ -122,12 +126,14 @@ class BotRunner:
 
     async def _take(self, record, stop: asyncio.Event) -> None:
         self.counts.received += 1
+        self.counts.last_taken_at = self.clock()
         try:
             event = DRAIN.decode_keyed(record.key, record.value)
         except DecodeError as exc:  # the sink dead-letters it (one dead letter per record, not one per reader)
             self.counts.malformed += 1
             log.warning("drain event at %s/%d@%d refused: %s", record.topic, record.partition, record.offset, exc)
             return
+        self.counts.last_event_ts = max(self.counts.last_event_ts or 0.0, float(event["ts"]))
         if self.ledger.get(event["event_id"]) is not None:  # delivered again (a replay, a resend by the producer):
             self.counts.duplicates += 1  # acted on once; its answer is on the results topic or will be, once
             return
@@ -177,6 +183,7 @@ class BotRunner:
         event = entry.event
         if entry.result is None:
             self.counts.acted += 1
+            began = time.monotonic()
             try:
                 async with self._slots:
                     outcome = await self.executor.act(event, Steps(self.ledger, entry))
@@ -185,6 +192,10 @@ class BotRunner:
             except Exception as exc:  # noqa: BLE001 - a failed action is an answer, not a crash
                 log.exception("%s %s on %s failed", event["action"], event["event_id"], event["host"])
                 outcome = Outcome(False, f"{type(exc).__name__}: {exc}")
+            action, c = event["action"], self.counts
+            c.action_seconds[action] = c.action_seconds.get(action, 0.0) + time.monotonic() - began
+            if not outcome.ok:
+                c.failed[action] = c.failed.get(action, 0) + 1
             result = RemediationResult(event_id=event["event_id"], host=event["host"], action=event["action"],
                                        ok=outcome.ok, ts=self.clock(), detail=outcome.detail[:2000],
                                        measurements=outcome.measurements)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -186,14 +187,24 @@ def test_a_sick_node_is_drained_after_its_job_rebooted_validated_and_returned(cl
 
 
 def test_a_validation_below_the_required_bandwidth_fails_and_the_node_stays_out(cluster, bot, bot_env):
+    """And the bot's /metrics (FLEETPULSE_BOT_METRICS_PORT) counts it under the names every role uses."""
     cluster.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=fleetpulse: reset ev-old")
-    bot()
+    port = free_ports(1)
+    bot({**bot_env, "FLEETPULSE_BOT_METRICS_PORT": str(port), "FLEETPULSE_BOT_METRICS_ADDR": "127.0.0.1"})
     validate = event("n3", "validate", requirements={"dcgm_diag_level": 3, "nccl_busbw_min_gbs": 80})
     publish(bot_env, [validate])
     got = answer(bot_env, validate)
     assert not got["ok"] and ">= 80 required" in got["detail"], got
     assert got["measurements"] == {"dcgm_diag_level": 3.0, "nccl_busbw_gbs": 70.742}
     assert "DRAIN" in cluster.state("n3")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    for line in ('fleetpulse_bot_received_total{bot="slurm"} 1.0', 'fleetpulse_bot_refused_total{bot="slurm"} 0.0',
+                 'fleetpulse_bot_emitted_total{action="validate",bot="slurm"} 1.0',
+                 'fleetpulse_bot_errors_total{action="validate",bot="slurm"} 1.0',
+                 'fleetpulse_bot_state_entries{bot="slurm"} 0.0'):
+        assert line in text, (line, text)
+    assert 'fleetpulse_bot_action_seconds_total{action="validate",bot="slurm"}' in text
 
 
 def test_a_node_drained_by_someone_else_is_never_touched_or_resumed(cluster, bot, bot_env):
