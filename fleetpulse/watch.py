@@ -4,9 +4,9 @@ is: records not yet committed, and their age, now less the Kafka timestamp of th
 committed (the one at its committed offset). A consumer cannot report its own lag once it is stopped or stuck; this
 reads it from the broker, the same way for every role.
 
-A group whose lag on a topic passes `watch_lag_s` (60 s) fires `PipelineLagging` on the alert topic (severity
-critical; labels group, role, topic; its records and age as evidence), resolved once the lag is back under half the
-threshold or the group is gone. A fleet that sends nothing leaves every group caught up: no lag, no alert (the silence
+A group whose lag on any topic passes `watch_lag_s` (60 s) fires one `PipelineLagging` on the alert topic (severity
+critical; labels group, role, its worst topic and every topic it trails on; its records and age as evidence),
+resolved once its lag is back under half the threshold everywhere or the group is gone. A fleet that sends nothing leaves every group caught up: no lag, no alert (the silence
 stage's FleetSilent says the fleet is quiet); a pipeline that stops while the fleet sends shows here, which role and
 since when. The lags are served as Prometheus gauges (FLEETPULSE_WATCH_METRICS_PORT).
 """
@@ -161,41 +161,47 @@ class LagWatch:
 
 @dataclass
 class LagAlerts:
-    """Which (group, topic) pairs are lagging: fired once over `threshold_s`, resolved under half of it or when the
-    group no longer commits on the topic."""
+    """Which consumer groups are lagging (by their worst topic): one alert per group, fired once over `threshold_s`,
+    resolved under half of it or when the group no longer commits on any of the deployment's topics."""
 
     threshold_s: float
-    firing: dict[tuple[str, str], float] = field(default_factory=dict)  # -> starts_at
+    firing: dict[str, float] = field(default_factory=dict)  # group -> starts_at
 
     def judge(self, lags: list[GroupLag], now: float) -> list[Alert]:
-        out, seen = [], set()
-        for lag in lags:
-            key = (lag.group, lag.topic)
-            seen.add(key)
-            if key not in self.firing and lag.lag_s > self.threshold_s:
-                self.firing[key] = lag.since or now
-                out.append(self._alert(lag, "firing", now))
-            elif key in self.firing and lag.lag_s <= self.threshold_s / 2:
-                out.append(self._alert(lag, "resolved", now))
-                del self.firing[key]
-        for group, topic in [k for k in self.firing if k not in seen]:
-            out.append(self._alert(GroupLag(group, "", topic, 0, 0.0), "resolved", now))
-            del self.firing[(group, topic)]
+        by_group: dict[str, list[GroupLag]] = {}
+        for lag in sorted(lags, key=lambda x: -x.lag_s):
+            by_group.setdefault(lag.group, []).append(lag)
+        out = []
+        for group, mine in by_group.items():
+            worst = mine[0]
+            if group not in self.firing and worst.lag_s > self.threshold_s:
+                self.firing[group] = worst.since or now
+                out.append(self._alert(mine, "firing", now))
+            elif group in self.firing and worst.lag_s <= self.threshold_s / 2:
+                out.append(self._alert(mine, "resolved", now))
+                del self.firing[group]
+        for group in [g for g in self.firing if g not in by_group]:
+            out.append(self._alert([GroupLag(group, "", "", 0, 0.0)], "resolved", now))
+            del self.firing[group]
         return out
 
-    def _alert(self, lag: GroupLag, status: str, now: float) -> Alert:
-        starts = self.firing.get((lag.group, lag.topic), now)
+    def _alert(self, mine: list[GroupLag], status: str, now: float) -> Alert:
+        worst = mine[0]
+        behind = [x for x in mine if x.records]
         if status == "firing":
-            summary = (f"the {lag.role} (consumer group {lag.group}) is {lag.lag_s:,.0f} s behind on {lag.topic}: "
-                       f"{lag.records:,} records not yet taken, the oldest published at {lag.since:.0f}; its "
-                       f"outputs (alerts, drains, stored rows) are that late")
+            summary = (f"the {worst.role} (consumer group {worst.group}) is {worst.lag_s:,.0f} s behind: "
+                       f"{sum(x.records for x in behind):,} records not yet taken on {len(behind)} topics, the "
+                       f"oldest on {worst.topic} published at {worst.since:.0f}; its outputs (alerts, drains, stored "
+                       f"rows) are that late")
         else:
-            summary = f"consumer group {lag.group} caught up on {lag.topic} (within {self.threshold_s / 2:g} s)"
-        return Alert(fingerprint=fingerprint(f"{ALERTNAME}|group={lag.group}|topic={lag.topic}"), status=status,
-                     alertname=ALERTNAME, severity="critical", ts=now, starts_at=starts,
-                     ends_at=now if status == "resolved" else None, value=lag.lag_s, threshold=self.threshold_s,
-                     summary=summary[:1000], labels={"group": lag.group, "role": lag.role, "topic": lag.topic},
-                     evidence={"records": float(lag.records), "lag_s": lag.lag_s})
+            summary = f"consumer group {worst.group} caught up (within {self.threshold_s / 2:g} s)"
+        return Alert(fingerprint=fingerprint(f"{ALERTNAME}|group={worst.group}"), status=status,
+                     alertname=ALERTNAME, severity="critical", ts=now, starts_at=self.firing.get(worst.group, now),
+                     ends_at=now if status == "resolved" else None, value=worst.lag_s, threshold=self.threshold_s,
+                     summary=summary[:1000], labels={"group": worst.group, "role": worst.role, "topic": worst.topic,
+                                                     "topics": ",".join(x.topic for x in behind)[:500]},
+                     evidence={"records": float(sum(x.records for x in behind)), "lag_s": worst.lag_s,
+                               "topics_behind": float(len(behind))})
 
 
 class WatchMetrics(Collector):
@@ -203,7 +209,7 @@ class WatchMetrics(Collector):
 
     def __init__(self):
         self.lags: list[GroupLag] = []
-        self.firing: set[tuple[str, str]] = set()
+        self.firing: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
         labels = ["group", "role", "topic"]
@@ -211,12 +217,13 @@ class WatchMetrics(Collector):
                                     "committed on the topic (0: caught up)", labels=labels)
         records = GaugeMetricFamily("fleetpulse_pipeline_lag_records", "records the group has not committed",
                                     labels=labels)
-        lagging = GaugeMetricFamily("fleetpulse_pipeline_lagging", "1 while PipelineLagging fires", labels=labels)
+        lagging = GaugeMetricFamily("fleetpulse_pipeline_lagging", "1 while PipelineLagging fires for the group",
+                                    labels=labels)
         for lag in self.lags:
             key = [lag.group, lag.role, lag.topic]
             seconds.add_metric(key, lag.lag_s)
             records.add_metric(key, lag.records)
-            lagging.add_metric(key, int((lag.group, lag.topic) in self.firing))
+            lagging.add_metric(key, int(lag.group in self.firing))
         yield from (seconds, records, lagging)
 
 

@@ -28,8 +28,9 @@ def test_a_group_past_the_threshold_fires_once_and_resolves_under_half_of_it_or_
     [fired] = alerts.judge([lag("fleetpulse-sink", 75), lag("fleetpulse-streams", 0, records=0)], T0)
     assert (fired.alertname, fired.status, fired.severity, fired.value, fired.starts_at) == (
         ALERTNAME, "firing", "critical", 75, T0 - 75)
-    assert fired.labels == {"group": "fleetpulse-sink", "role": "sink", "topic": "fleet.telemetry.samples"}
-    assert "the sink (consumer group fleetpulse-sink) is 75 s behind" in fired.summary
+    assert fired.labels == {"group": "fleetpulse-sink", "role": "sink", "topic": "fleet.telemetry.samples",
+                            "topics": "fleet.telemetry.samples"}
+    assert "the sink (consumer group fleetpulse-sink) is 75 s behind: 10 records" in fired.summary
     assert alerts.judge([lag("fleetpulse-sink", 200)], T0 + 10) == []  # told once
     assert alerts.judge([lag("fleetpulse-sink", 31)], T0 + 20) == []  # between half and the threshold: still firing
     [resolved] = alerts.judge([lag("fleetpulse-sink", 30)], T0 + 30)
@@ -37,6 +38,20 @@ def test_a_group_past_the_threshold_fires_once_and_resolves_under_half_of_it_or_
     alerts.judge([lag("fleetpulse-bot-slurm-c1", 90, topic="fleet.drain.events")], T0 + 40)
     [gone] = alerts.judge([], T0 + 50)  # the group no longer commits there (deleted, or moved on)
     assert (gone.status, gone.labels["group"]) == ("resolved", "fleetpulse-bot-slurm-c1")
+
+
+def test_a_group_behind_on_several_topics_is_one_alert_named_by_its_worst():
+    """A stopped sink trails on every topic it stores: one page for the sink, not one per topic."""
+    alerts = LagAlerts(threshold_s=60)
+    [fired] = alerts.judge([lag("fleetpulse-sink", 70, records=300), lag("fleetpulse-sink", 95, "fleet.alerts", 2),
+                            lag("fleetpulse-sink", 0.0, "fleet.node.state", 0)], T0)
+    assert (fired.value, fired.labels["topic"], fired.labels["topics"]) == (
+        95, "fleet.alerts", "fleet.alerts,fleet.telemetry.samples")
+    assert fired.evidence == {"records": 302.0, "lag_s": 95, "topics_behind": 2.0}
+    assert alerts.judge([lag("fleetpulse-sink", 20, records=5), lag("fleetpulse-sink", 40, "fleet.alerts", 1)],
+                        T0 + 10) == []  # one topic still over half the threshold: not yet
+    [resolved] = alerts.judge([lag("fleetpulse-sink", 20, records=5)], T0 + 20)
+    assert resolved.fingerprint == fired.fingerprint
 
 
 def test_roles_by_group():
