@@ -130,7 +130,7 @@ class Commands:
                 outcome.cancel()
                 raise
             except Exception as exc:  # noqa: BLE001 - the command could not start: every tray is answered so
-                outcome.set_result((None, f"{type(exc).__name__}: {exc}", event["event_id"]))
+                outcome.set_result((-1, f"{type(exc).__name__}: {exc}", event["event_id"]))
             else:
                 outcome.set_result((rc, out, event["event_id"]))
         rc, out, ran_on = await asyncio.shield(outcome)

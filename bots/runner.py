@@ -73,7 +73,6 @@ class Counts:
     failed: dict[str, int] = field(default_factory=dict)  # answers with ok false, by action
     action_seconds: dict[str, float] = field(default_factory=dict)  # time acting, by action
     last_event_ts: float | None = None  # the newest request taken: its event time
-    last_taken_at: float | None = None  # when (the bot's clock)
 
 
 class BotRunner:
@@ -126,7 +125,6 @@ class BotRunner:
 
     async def _take(self, record, stop: asyncio.Event) -> None:
         self.counts.received += 1
-        self.counts.last_taken_at = self.clock()
         try:
             event = DRAIN.decode_keyed(record.key, record.value)
         except DecodeError as exc:  # the sink dead-letters it (one dead letter per record, not one per reader)

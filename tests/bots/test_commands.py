@@ -64,3 +64,10 @@ def test_a_failed_domain_repair_fails_every_tray_it_was_run_for(tmp_path):
     outcomes = asyncio.run(repair_all(commands, Ledger(tmp_path / "l.jsonl"), [tray("tray-00"), tray("tray-01")]))
     assert [o.ok for o in outcomes] == [False, False]
     assert all("exit 3: fabric manager down" in o.detail for o in outcomes)
+
+
+def test_a_domain_command_that_cannot_start_fails_every_tray_with_the_reason(tmp_path):
+    commands = Commands(BotConfig(repair_commands={"domain": [str(tmp_path / "no-such-tool"), "{domain}"]}))
+    outcomes = asyncio.run(repair_all(commands, Ledger(tmp_path / "l.jsonl"), [tray("tray-00"), tray("tray-01")]))
+    assert [o.ok for o in outcomes] == [False, False]
+    assert all("exit -1: FileNotFoundError" in o.detail for o in outcomes), outcomes
