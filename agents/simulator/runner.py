@@ -146,6 +146,11 @@ class FleetSimulator:
         self.state.repaired(h, replaced=action == "replace")
         self.faults.repaired(h)
 
+    def checkpoint_after(self, host: str, ts: float) -> float | None:
+        """When the job on `host` next saves a checkpoint at or after epoch `ts` (None: the host runs no job)."""
+        j = int(self.fleet.host_job[self._host_index[host]]) if host in self._host_index else -1
+        return None if j < 0 else self.start_ts + self.fleet.jobs[j].checkpoint_after(ts - self.start_ts)
+
 
 def build_tick(hosts: int, *, seed: int = 0, ts: float = 1_700_000_000.0, **kwargs) -> Tick:
     """The first tick of a fresh fleet, without Kafka (unit tests, benchmarks)."""

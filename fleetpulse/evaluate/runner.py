@@ -184,7 +184,7 @@ class Evaluation:
         p, s = self.plan, self.settings
         sim = FleetSimulator(p.hosts, seed=p.seed, scenario=p.scenario, interval=p.interval_s,
                              nccl_interval=p.nccl_interval_s, start_ts=float(int(time.time())))
-        self.bot.checkpoint_after = _checkpoints(sim)
+        self.bot.checkpoint_after = sim.checkpoint_after
         ticks = max(1, round(p.duration_s / p.interval_s))
         stats = {"start_ts": sim.start_ts, "ticks": 0, "truth": [], "gpu_readings": 0, "nccl_timings": 0, "net_ports": 0,
                  "max_lag": 0, "lag_waits_s": 0.0, "run_id": sim.run_id, "fleet_gpus": sim.fleet.n_gpus,
@@ -324,13 +324,3 @@ def write_report(report: dict, path: Path | None) -> None:
         path.write_text(text + "\n")
     print(text)
 
-
-def _checkpoints(sim: FleetSimulator):
-    """When the job on a host next saves a checkpoint, in epoch seconds (None: the host runs no job): what the
-    simulated bot waits for before a drain asked for after the job."""
-    fleet, index = sim.fleet, {h: i for i, h in enumerate(sim.fleet.hosts)}
-
-    def after(host: str, ts: float) -> float | None:
-        j = int(fleet.host_job[index[host]]) if host in index else -1
-        return None if j < 0 else sim.start_ts + fleet.jobs[j].checkpoint_after(ts - sim.start_ts)
-    return after

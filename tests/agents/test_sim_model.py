@@ -151,3 +151,11 @@ def test_jobs_checkpoint_on_their_own_phase_of_the_interval():
     assert job.checkpoint_after(700.0) == pytest.approx(1618.034, abs=1e-3)
     assert job.checkpoint_before(100.0) == pytest.approx(-381.966, abs=1e-3)  # it ran before the run began
     assert job.checkpoint_after(job.phase_s) == job.checkpoint_before(job.phase_s) == job.phase_s
+
+
+def test_the_simulator_tells_when_a_host_s_job_next_checkpoints():
+    sim = FleetSimulator(10, seed=1, start_ts=1_000.0, scenario={"name": "c", "fleet": {"jobs": [4, 4],
+                                                                                          "checkpoint_s": 600}})
+    assert sim.checkpoint_after("gpu-node-0000", 1_100.0) == 1_600.0  # job-0000: phase 0
+    assert sim.checkpoint_after("gpu-node-0004", 1_100.0) == pytest.approx(1_000.0 + 0.618034 * 600, abs=0.01)
+    assert sim.checkpoint_after("gpu-node-0009", 1_100.0) is None  # idle
