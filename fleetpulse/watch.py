@@ -96,8 +96,13 @@ class LagWatch:
         self.reader = AIOKafkaConsumer(**client, enable_auto_commit=False, auto_offset_reset="earliest")
 
     async def start(self) -> None:
-        await self.admin.start()
-        await self.reader.start()
+        """Connect both clients; on a broker that does not answer, close what was opened and raise."""
+        try:
+            await self.admin.start()
+            await self.reader.start()
+        except Exception:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         await self.reader.stop()
@@ -228,30 +233,39 @@ class WatchMetrics(Collector):
 
 
 async def watch(settings: WatchSettings, stop: asyncio.Event, metrics: WatchMetrics | None = None) -> None:
-    """Measure every `watch_interval_s` and publish what fires or resolves until `stop` is set; a broker away is
-    waited out (the next round measures again)."""
-    lag_watch, alerts = LagWatch(settings), LagAlerts(settings.watch_lag_s)
-    await lag_watch.start()
+    """Measure every `watch_interval_s` and publish what fires or resolves until `stop` is set. A broker away, at
+    start or later, is waited out: each round connects what is not connected yet and measures again."""
+    alerts, lag_watch, pub = LagAlerts(settings.watch_lag_s), None, None
     try:
-        async with Publisher(settings, client_id="fleetpulse-watch") as pub:
-            while not stop.is_set():
-                try:
-                    lags = await lag_watch.measure()
-                    for alert in alerts.judge(lags, time.time()):
-                        log.warning("%s %s: %s", alert.alertname, alert.status, alert.summary)
-                        await pub.send(ALERTS, alert.model_dump(mode="json"))
-                    await pub.flush()
-                    if metrics is not None:
-                        metrics.lags, metrics.firing = lags, set(alerts.firing)
-                except Exception as exc:  # noqa: BLE001 - the broker restarting: measure again next round
-                    log.warning("could not measure the groups' lag (%s: %s); again in %g s", type(exc).__name__, exc,
-                                settings.watch_interval_s)
-                try:
-                    await asyncio.wait_for(stop.wait(), settings.watch_interval_s)
-                except asyncio.TimeoutError:
-                    pass
+        while not stop.is_set():
+            try:
+                if lag_watch is None:
+                    connecting = LagWatch(settings)
+                    await connecting.start()
+                    lag_watch = connecting
+                if pub is None:
+                    publisher = Publisher(settings, client_id="fleetpulse-watch")
+                    await publisher.start()
+                    pub = publisher
+                lags = await lag_watch.measure()
+                for alert in alerts.judge(lags, time.time()):
+                    log.warning("%s %s: %s", alert.alertname, alert.status, alert.summary)
+                    await pub.send(ALERTS, alert.model_dump(mode="json"))
+                await pub.flush()
+                if metrics is not None:
+                    metrics.lags, metrics.firing = lags, set(alerts.firing)
+            except Exception as exc:  # noqa: BLE001 - the broker away or restarting: measure again next round
+                log.warning("could not measure the groups' lag (%s: %s); again in %g s", type(exc).__name__, exc,
+                            settings.watch_interval_s)
+            try:
+                await asyncio.wait_for(stop.wait(), settings.watch_interval_s)
+            except asyncio.TimeoutError:
+                pass
     finally:
-        await lag_watch.close()
+        if lag_watch is not None:
+            await lag_watch.close()
+        if pub is not None:
+            await pub.close()
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
