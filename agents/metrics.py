@@ -1,4 +1,5 @@
-"""The agent's own metrics in Prometheus text: per collector (polls, errors, poll time) and the publisher's counters."""
+"""The agent's own metrics in Prometheus text, under the words every role shares (core/metrics.py): per collector
+(records made, polls, errors, poll time) and the publisher's counters (acknowledged, refused, spooled)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,52 @@ import logging
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from agents.publisher import Publisher
 from agents.runner import AgentRunner
 from agents.spool import SpoolingPublisher
+from core.metrics import MetricSpec, own, shared
 
 log = logging.getLogger(__name__)
+
+
+COLLECTOR = ["host", "collector"]
+RECEIVED = shared("agent", "received", "messages the collector made from its source (NVML, DCGM, the kernel log)",
+                  COLLECTOR)
+EMITTED = shared("agent", "emitted", "records the broker acknowledged", ["host", "topic"])
+ERRORS = shared("agent", "errors", "polls that raised", COLLECTOR)
+BATCH = shared("agent", "batch_seconds", "one poll of the collector", COLLECTOR)
+STATE = shared("agent", "state_entries", "records waiting in the on-disk spool", ["host"])
+UP = own("agent", "collector_up", "gauge", "1 if the collector runs here, 0 if unsupported", COLLECTOR)
+POLLS = own("agent", "collector_polls", "counter", "polls of the collector", COLLECTOR)
+FAILING = own("agent", "collector_failing", "gauge", "1 while the collector's latest poll raised (named in the "
+              "agent's status)", COLLECTOR)
+STATUS = own("agent", "status_records", "counter", "agent status records (fleet.telemetry.agent) handed to the "
+             "publisher", ["host"])
+PUBLISH_FAILED = own("agent", "publish_failed", "counter", "records the broker refused for good (too large, unknown "
+                     "topic)", ["host", "topic"])
+SPOOL_COUNTERS = (
+    (own("agent", "spooled", "counter", "records written to the on-disk spool", ["host"]), lambda p: p.spooled),
+    (own("agent", "replayed", "counter", "spooled records delivered after an outage or restart", ["host"]),
+     lambda p: p.replayed),
+    (own("agent", "spool_dropped", "counter", "records given up: the oldest when the spool was full, and those the "
+         "disk refused (full, quota) while the broker was away", ["host"]), lambda p: p.dropped),
+    (own("agent", "spool_corrupt", "counter", "damaged stretches of spool segments skipped (a torn write, a flipped "
+         "byte)", ["host"]), lambda p: p.spool.corrupt),
+    (own("agent", "spool_cursor_errors", "counter", "times the spool's delivery cursor could not be written",
+         ["host"]), lambda p: p.spool.cursor_errors),
+    (own("agent", "spool_pump_errors", "counter", "rounds of the spool replay that failed and were retried",
+         ["host"]), lambda p: p.pump_errors),
+    (own("agent", "broker_outages", "counter", "times the broker stopped acknowledging", ["host"]),
+     lambda p: p.outages),
+    (own("agent", "spool_bytes", "gauge", "bytes of the spool on disk", ["host"]), lambda p: p.spool_bytes),
+    (STATE, lambda p: len(p.spool)),
+    (own("agent", "broker_connected", "gauge", "1 while records go straight to an acknowledging broker", ["host"]),
+     lambda p: int(p.connected)))
+CATALOGUE: tuple[MetricSpec, ...] = (RECEIVED, EMITTED, ERRORS, BATCH, UP, POLLS, FAILING, STATUS, PUBLISH_FAILED,
+                                     *(spec for spec, _ in SPOOL_COUNTERS))
 
 
 class AgentMetrics(Collector):
@@ -24,68 +63,21 @@ class AgentMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         host = self.runner.settings.agent_host
-        up = GaugeMetricFamily("fleetpulse_agent_collector_up", "1 if the collector runs here, 0 if unsupported",
-                               labels=["host", "collector"])
-        polls = CounterMetricFamily("fleetpulse_agent_collector_polls", "polls of the collector",
-                                    labels=["host", "collector"])
-        errors = CounterMetricFamily("fleetpulse_agent_collector_errors", "polls that raised",
-                                     labels=["host", "collector"])
-        records = CounterMetricFamily("fleetpulse_agent_collector_records", "messages the collector produced",
-                                      labels=["host", "collector"])
-        last = GaugeMetricFamily("fleetpulse_agent_collector_last_poll_seconds", "duration of the latest poll",
-                                 labels=["host", "collector"])
-        failing = GaugeMetricFamily("fleetpulse_agent_collector_failing",
-                                    "1 while the collector's latest poll raised (named in the agent's status)",
-                                    labels=["host", "collector"])
-        for name, state in list(self.runner.states.items()):
-            labels = [host, name]
-            up.add_metric(labels, 1.0 if state.supported else 0.0)
-            polls.add_metric(labels, state.polls)
-            errors.add_metric(labels, state.errors)
-            records.add_metric(labels, state.records)
-            last.add_metric(labels, state.last_poll_s)
-            failing.add_metric(labels, 1.0 if state.failing else 0.0)
-        status = CounterMetricFamily("fleetpulse_agent_status_records",
-                                     "agent status records (fleet.telemetry.agent) handed to the publisher",
-                                     labels=["host"])
-        status.add_metric([host], self.runner.status_sent)
-        yield from (up, polls, errors, records, last, failing, status)
-        if self.publisher is not None:
-            yield from self._publisher(host, self.publisher)
-
-    def _publisher(self, host: str, pub: Publisher) -> Iterator[Metric]:
-        sent = CounterMetricFamily("fleetpulse_agent_published", "records the broker acknowledged",
-                                   labels=["host", "topic"])
-        failed = CounterMetricFamily("fleetpulse_agent_publish_failed", "records refused for good",
-                                     labels=["host", "topic"])
-        for topic, n in list(pub.sent.items()):
-            sent.add_metric([host, topic], n)
-        for topic, n in list(pub.failed.items()):
-            failed.add_metric([host, topic], n)
-        yield from (sent, failed)
-        if not isinstance(pub, SpoolingPublisher):
+        states = list(self.runner.states.items())
+        yield UP.of(([host, name], 1.0 if st.supported else 0.0) for name, st in states)
+        yield POLLS.of(([host, name], st.polls) for name, st in states)
+        yield ERRORS.of(([host, name], st.errors) for name, st in states)
+        yield RECEIVED.of(([host, name], st.records) for name, st in states)
+        yield BATCH.of(([host, name], st.latency) for name, st in states)
+        yield FAILING.of(([host, name], 1.0 if st.failing else 0.0) for name, st in states)
+        yield STATUS.of([([host], self.runner.status_sent)])
+        pub = self.publisher
+        if pub is None:
             return
-        for name, help_text, value in (
-                ("spooled", "records written to the on-disk spool", pub.spooled),
-                ("replayed", "spooled records delivered after an outage or restart", pub.replayed),
-                ("spool_dropped", "records given up: the oldest when the spool was full, and those the disk "
-                                  "refused (full, quota) while the broker was away", pub.dropped),
-                ("spool_corrupt", "damaged stretches of spool segments skipped (a torn write, a flipped byte)",
-                 pub.spool.corrupt),
-                ("spool_cursor_errors", "times the spool's delivery cursor could not be written",
-                 pub.spool.cursor_errors),
-                ("spool_pump_errors", "rounds of the spool replay that failed and were retried", pub.pump_errors),
-                ("broker_outages", "times the broker stopped acknowledging", pub.outages)):
-            family = CounterMetricFamily(f"fleetpulse_agent_{name}", help_text, labels=["host"])
-            family.add_metric([host], value)
-            yield family
-        for name, help_text, value in (
-                ("spool_bytes", "bytes of the spool on disk", pub.spool_bytes),
-                ("spool_records", "records waiting in the spool", len(pub.spool)),
-                ("broker_connected", "1 while records go straight to an acknowledging broker", int(pub.connected))):
-            family = GaugeMetricFamily(f"fleetpulse_agent_{name}", help_text, labels=["host"])
-            family.add_metric([host], value)
-            yield family
+        yield EMITTED.of(([host, topic], n) for topic, n in list(pub.sent.items()))
+        yield PUBLISH_FAILED.of(([host, topic], n) for topic, n in list(pub.failed.items()))
+        if isinstance(pub, SpoolingPublisher):
+            yield from (spec.of([([host], value(pub))]) for spec, value in SPOOL_COUNTERS)
 
 
 def registry_for(runner: AgentRunner, publisher: Publisher | None = None) -> CollectorRegistry:

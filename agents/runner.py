@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
@@ -17,6 +17,7 @@ from agents.publisher import Publisher
 from agents.registry import BuildContext, Collector, CollectorSpec, chosen_specs, messages, unsupported_reason
 from agents.settings import AgentSettings
 from core.errors import BrokerError
+from core.metrics import Latency
 from schemas.events import AgentStatus
 from schemas.topics import AGENT, Topic
 
@@ -36,6 +37,7 @@ class CollectorState:
     errors: int = 0
     records: int = 0
     last_poll_s: float = 0.0
+    latency: Latency = field(default_factory=Latency)  # every poll's duration
     last_error: str | None = None
     failing: bool = False  # the last poll raised: named in the agent's status until a poll succeeds
     busy: asyncio.Future | None = None  # the sample() running in a thread right now
@@ -111,6 +113,7 @@ class AgentRunner:
         finally:
             state.polls += 1
             state.last_poll_s = time.perf_counter() - started
+            state.latency.observe(state.last_poll_s)
         self._set_failing(state, False)
         out = messages(result, self.settings.agent_job)
         state.records += len(out)

@@ -1,4 +1,4 @@
-"""A bot's own metrics in Prometheus text, under the names every role uses for the same things: requests received,
+"""A bot's own metrics in Prometheus text, under the words every role shares (core/metrics.py): requests received,
 answers emitted, refused (malformed) records, errors (failed actions), time spent acting, and what its ledger holds.
 How far behind the bot's consumer group is, in time, is `fleetpulse watch`'s fleetpulse_pipeline_lag_seconds (role
 bot), read from the broker: a stuck bot cannot report it."""
@@ -9,14 +9,29 @@ import logging
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from bots.ledger import Ledger
 from bots.runner import Counts
 from core.errors import ConfigError
+from core.metrics import MetricSpec, own, shared
 
 log = logging.getLogger(__name__)
+
+
+RECEIVED = shared("bot", "received", "requests read from fleet.drain.events", ["bot"])
+REFUSED = shared("bot", "refused", "records that are not a drain event (the sink dead-letters them)", ["bot"])
+EMITTED = shared("bot", "emitted", "answers sent on fleet.remediation.results, by action", ["bot", "action"])
+ERRORS = shared("bot", "errors", "answers with ok false (the action failed), by action", ["bot", "action"])
+BATCH = shared("bot", "batch_seconds", "one action (scheduler calls, commands), by action", ["bot", "action"])
+LAG = shared("bot", "lag_seconds", "when the newest request was read (its event time, not its Kafka timestamp)",
+             ["bot"])
+STATE = shared("bot", "state_entries", "requests in the ledger not yet answered and sent", ["bot"])
+SKIPPED = own("bot", "skipped", "counter", "requests not acted on: delivered again (duplicate), another cluster's "
+              "host (not_ours), older than max_age_s (stale)", ["bot", "why"])
+LAST = own("bot", "last_request_timestamp_seconds", "gauge", "event time of the newest request read", ["bot"])
+CATALOGUE: tuple[MetricSpec, ...] = (RECEIVED, REFUSED, EMITTED, ERRORS, BATCH, LAG, STATE, SKIPPED, LAST)
 
 
 class BotMetrics(Collector):
@@ -27,40 +42,18 @@ class BotMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c, bot = self.counts, [self.bot]
-        yield _one("fleetpulse_bot_received", "requests read from fleet.drain.events", bot, c.received)
-        yield _one("fleetpulse_bot_refused", "records that are not a drain event (the sink dead-letters them)", bot,
-                   c.malformed)
-        skipped = CounterMetricFamily("fleetpulse_bot_skipped", "requests not acted on: delivered again "
-                                      "(duplicate), another cluster's host (not_ours), older than max_age_s (stale)",
-                                      labels=["bot", "why"])
-        for why, n in (("duplicate", c.duplicates), ("not_ours", c.not_ours), ("stale", c.stale)):
-            skipped.add_metric([self.bot, why], n)
-        yield skipped
+        yield RECEIVED.of([(bot, c.received)])
+        yield REFUSED.of([(bot, c.malformed)])
+        yield SKIPPED.of(([self.bot, why], n) for why, n in (("duplicate", c.duplicates), ("not_ours", c.not_ours),
+                                                              ("stale", c.stale)))
         actions = sorted({*c.answered, *c.failed, *c.action_seconds})
-        for name, help_text, values in (
-                ("fleetpulse_bot_emitted", "answers sent on fleet.remediation.results, by action", c.answered),
-                ("fleetpulse_bot_errors", "answers with ok false (the action failed), by action", c.failed),
-                ("fleetpulse_bot_action_seconds", "time spent acting (scheduler calls, commands), by action",
-                 c.action_seconds)):
-            family = CounterMetricFamily(name, help_text, labels=["bot", "action"])
-            for action in actions:
-                family.add_metric([self.bot, action], values.get(action, 0))
-            yield family
-        state = GaugeMetricFamily("fleetpulse_bot_state_entries", "requests in the ledger not yet answered and sent",
-                                  labels=["bot"])
-        state.add_metric(bot, len(self.ledger.unsettled()))
-        yield state
+        yield EMITTED.of(([self.bot, a], c.answered.get(a, 0)) for a in actions)
+        yield ERRORS.of(([self.bot, a], c.failed.get(a, 0)) for a in actions)
+        yield BATCH.of(([self.bot, a], c.action_seconds[a]) for a in actions if a in c.action_seconds)
+        yield STATE.of([(bot, len(self.ledger.unsettled()))])
         if c.last_event_ts is not None:
-            last = GaugeMetricFamily("fleetpulse_bot_last_request_timestamp_seconds",
-                                     "event time of the newest request read", labels=["bot"])
-            last.add_metric(bot, c.last_event_ts)
-            yield last
-
-
-def _one(name: str, help_text: str, bot: list[str], value: float) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, help_text, labels=["bot"])
-    family.add_metric(bot, value)
-    return family
+            yield LAG.of([(bot, c.lag_s)])
+            yield LAST.of([(bot, c.last_event_ts)])
 
 
 def registry_for(bot: str, counts: Counts, ledger: Ledger) -> CollectorRegistry:

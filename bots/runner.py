@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from bots.ledger import Entry, Ledger
 from core.errors import BrokerError, DecodeError
+from core.metrics import Latency
 from core.kafka_admin import why_unreachable
 from core.settings import CommonSettings
 from schemas.analytics import RemediationResult
@@ -71,8 +72,9 @@ class Counts:
     malformed: int = 0
     answered: dict[str, int] = field(default_factory=dict)
     failed: dict[str, int] = field(default_factory=dict)  # answers with ok false, by action
-    action_seconds: dict[str, float] = field(default_factory=dict)  # time acting, by action
+    action_seconds: dict[str, Latency] = field(default_factory=dict)  # time acting, by action
     last_event_ts: float | None = None  # the newest request taken: its event time
+    lag_s: float = 0.0  # when the newest request was taken minus its event time
 
 
 class BotRunner:
@@ -131,7 +133,9 @@ class BotRunner:
             self.counts.malformed += 1
             log.warning("drain event at %s/%d@%d refused: %s", record.topic, record.partition, record.offset, exc)
             return
-        self.counts.last_event_ts = max(self.counts.last_event_ts or 0.0, float(event["ts"]))
+        if float(event["ts"]) >= (self.counts.last_event_ts or 0.0):
+            self.counts.last_event_ts = float(event["ts"])
+            self.counts.lag_s = max(0.0, self.clock() - float(event["ts"]))
         if self.ledger.get(event["event_id"]) is not None:  # delivered again (a replay, a resend by the producer):
             self.counts.duplicates += 1  # acted on once; its answer is on the results topic or will be, once
             return
@@ -191,7 +195,7 @@ class BotRunner:
                 log.exception("%s %s on %s failed", event["action"], event["event_id"], event["host"])
                 outcome = Outcome(False, f"{type(exc).__name__}: {exc}")
             action, c = event["action"], self.counts
-            c.action_seconds[action] = c.action_seconds.get(action, 0.0) + time.monotonic() - began
+            c.action_seconds.setdefault(action, Latency()).observe(time.monotonic() - began)
             if not outcome.ok:
                 c.failed[action] = c.failed.get(action, 0) + 1
             result = RemediationResult(event_id=event["event_id"], host=event["host"], action=event["action"],

@@ -13,15 +13,24 @@ import argparse
 import asyncio
 import logging
 import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
 from aiohttp import web
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from core.errors import FleetpulseError, StoreError
+from core.metrics import Latency, MetricSpec, shared
 from core.settings import CommonSettings, load
 from fleetpulse import outcomes
+from fleetpulse.alert_feed import AlertFeed
 from fleetpulse.panels import BY_NAME, PANELS, expand
 from fleetpulse.query import query
 
@@ -52,11 +61,66 @@ def _range(request: web.Request) -> tuple[datetime, datetime, int]:
     return start, end, bucket_s(hi - lo)
 
 
+RECEIVED = shared("page", "received", "requests, by route", ["route"])
+EMITTED = shared("page", "emitted", "answers sent (any status but 5xx), by route", ["route"])
+ERRORS = shared("page", "errors", "answers that failed (5xx: the store did not answer, or the page raised), by route",
+                ["route"])
+BATCH = shared("page", "batch_seconds", "one answer, by route", ["route"])
+LAG = shared("page", "lag_seconds", "when the page last asked the store's span, minus the newest sample stored")
+CATALOGUE: tuple[MetricSpec, ...] = (RECEIVED, EMITTED, ERRORS, BATCH, LAG)
+FEED = web.AppKey("alert_feed", AlertFeed)
+
+
+@dataclass
+class PageCounts:
+    received: Counter[str] = field(default_factory=Counter)
+    emitted: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    latency: dict[str, Latency] = field(default_factory=dict)
+    lag_s: float | None = None
+
+
+class PageMetrics(Collector):
+    def __init__(self, counts: PageCounts):
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.counts
+        routes = sorted(c.received)
+        yield RECEIVED.of(([r], c.received[r]) for r in routes)
+        yield EMITTED.of(([r], c.emitted[r]) for r in routes)
+        yield ERRORS.of(([r], c.errors[r]) for r in routes)
+        yield BATCH.of(([r], c.latency[r]) for r in routes if r in c.latency)
+        if c.lag_s is not None:
+            yield LAG.family(c.lag_s)
+
+
 def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Application:
     """The page's routes. owner_only (inside `up`): on an embedded store ask only the running sink that owns it, never
     open it beside the sink."""
 
     how = {"open_store": not owner_only, "timeout": 30 if owner_only else 300}
+    counts, feed = PageCounts(), AlertFeed(settings)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PageMetrics(counts))
+    ProcessCollector(registry=registry)
+
+    @web.middleware
+    async def counted(request: web.Request, handler):
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        counts.received[route] += 1
+        began, status = time.perf_counter(), 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            (counts.errors if status >= 500 else counts.emitted)[route] += 1
+            counts.latency.setdefault(route, Latency()).observe(time.perf_counter() - began)
 
     def ask(sql: str) -> dict:
         return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact", **how))
@@ -79,6 +143,8 @@ def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Applicat
         got = await answer(ask, "SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), count() "
                                 "FROM gpu_samples")
         first, last, n = got["data"][0]
+        if int(n):
+            counts.lag_s = max(0.0, time.time() - int(last) / 1000)
         held = await answer(outcomes.span, outcomes.asker(settings, **how)) if int(n) else None
         return web.json_response({"first": int(first), "last": int(last), "gpu_rows": int(n),
                                   "outcomes_last": int(held[1].timestamp() * 1000) if held else None,
@@ -101,12 +167,28 @@ def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Applicat
                                   "types": [c["type"] for c in got["meta"]], "rows": got["data"],
                                   "interval_s": interval}, dumps=lambda v: orjson.dumps(v).decode())
 
-    app = web.Application()
+    async def pipeline(_: web.Request) -> web.Response:
+        """PipelineLagging and FleetSilent as the alert topic has them now (fleetpulse/alert_feed.py)."""
+        return web.json_response(feed.state(), dumps=lambda v: orjson.dumps(v).decode())
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
+
+    async def follow(_: web.Application):
+        await feed.start()
+        yield
+        await feed.stop()
+
+    app = web.Application(middlewares=[counted])
+    app.cleanup_ctx.append(follow)
+    app[FEED] = feed
     app.router.add_get("/", index)
     app.router.add_get("/api/panels", panels)
     app.router.add_get("/api/span", span)
     app.router.add_get("/api/outcomes", figures)
     app.router.add_get("/api/panel/{name}", panel)
+    app.router.add_get("/api/pipeline", pipeline)
+    app.router.add_get("/metrics", metrics)
     app.router.add_static("/static", WEB)
     return app
 

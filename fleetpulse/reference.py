@@ -1,7 +1,7 @@
-"""`fleetpulse reference`: docs/settings.md and docs/commands.md written from the code, every setting (its
-environment variable, default and meaning, the JSON ones field by field) and every command's flags, so the docs
-cannot drift from what the code reads (tests/test_docs.py checks the files are what this writes, and that every
-setting and flag the other docs name exists)."""
+"""`fleetpulse reference`: docs/settings.md, docs/commands.md and docs/metrics.md written from the code, every setting
+(its environment variable, default and meaning, the JSON ones field by field), every command's flags and every role's
+metrics, so the docs cannot drift from what the code reads (tests/test_docs.py checks the files are what this
+writes, and that every setting and flag the other docs name exists)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
+from fleetpulse import metrics_catalogue
+
 ROLES = (("core.settings", "CommonSettings", "every process"),
          ("agents.settings", "AgentSettings", "the host agent (`fleetpulse agent`)"),
          ("streams.settings", "StreamsSettings", "the stream worker (`fleetpulse streams`)"),
@@ -22,7 +24,7 @@ ROLES = (("core.settings", "CommonSettings", "every process"),
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("docs"), help="where to write the two files (default %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("docs"), help="where to write the files (default %(default)s)")
 
 
 def settings_classes() -> list[tuple[type, str]]:
@@ -164,7 +166,8 @@ def commands_markdown() -> str:
 
 
 def files() -> dict[str, str]:
-    return {"settings.md": settings_markdown(), "commands.md": commands_markdown()}
+    return {"settings.md": settings_markdown(), "commands.md": commands_markdown(),
+            "metrics.md": metrics_catalogue.markdown()}
 
 
 def run(args: argparse.Namespace) -> int:

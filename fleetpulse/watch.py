@@ -25,12 +25,13 @@ from dataclasses import asdict, dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from pydantic import Field, field_validator
 
 from agents.publisher import Publisher
 from core.errors import ConfigError
+from core.metrics import MetricSpec, own, shared
 from core.settings import CommonSettings, load
 from schemas.analytics import Alert, fingerprint
 from schemas.topics import ALERTS, INTERNAL, TOPICS
@@ -209,6 +210,14 @@ class LagAlerts:
                                "topics_behind": float(len(behind))})
 
 
+GROUP = ["group", "role", "topic"]
+LAG = shared("pipeline", "lag_seconds", "age of the oldest record the group has not committed on the topic (0: "
+             "caught up), read from the broker", GROUP)
+LAG_RECORDS = own("pipeline", "lag_records", "gauge", "records the group has not committed", GROUP)
+LAGGING = own("pipeline", "lagging", "gauge", "1 while PipelineLagging fires for the group", GROUP)
+CATALOGUE: tuple[MetricSpec, ...] = (LAG, LAG_RECORDS, LAGGING)
+
+
 class WatchMetrics(Collector):
     """The latest measurement, read at scrape time."""
 
@@ -217,19 +226,10 @@ class WatchMetrics(Collector):
         self.firing: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["group", "role", "topic"]
-        seconds = GaugeMetricFamily("fleetpulse_pipeline_lag_seconds", "age of the oldest record the group has not "
-                                    "committed on the topic (0: caught up)", labels=labels)
-        records = GaugeMetricFamily("fleetpulse_pipeline_lag_records", "records the group has not committed",
-                                    labels=labels)
-        lagging = GaugeMetricFamily("fleetpulse_pipeline_lagging", "1 while PipelineLagging fires for the group",
-                                    labels=labels)
-        for lag in self.lags:
-            key = [lag.group, lag.role, lag.topic]
-            seconds.add_metric(key, lag.lag_s)
-            records.add_metric(key, lag.records)
-            lagging.add_metric(key, int(lag.group in self.firing))
-        yield from (seconds, records, lagging)
+        lags = [([x.group, x.role, x.topic], x) for x in self.lags]
+        yield LAG.of((key, x.lag_s) for key, x in lags)
+        yield LAG_RECORDS.of((key, x.records) for key, x in lags)
+        yield LAGGING.of((key, int(x.group in self.firing)) for key, x in lags)
 
 
 async def watch(settings: WatchSettings, stop: asyncio.Event, metrics: WatchMetrics | None = None) -> None:

@@ -50,7 +50,7 @@ class ClickHouseSink:
         intakes = INTAKES if settings.sink_json_intake else {}
         self.batches = {topic: Batch(t, topic, intake=intakes.get(t.name)) for topic, t in self.by_topic.items()}
         self.outages = Outages(wait_max_s=settings.sink_wait_max_s)
-        self.stats = SinkStats(tables={n: TableStats() for n in names}, outages=self.outages)
+        self.stats = SinkStats(tables={n: TableStats() for n in names}, outages=self.outages, held=self.held)
         # Writes go through one thread on one client; analysts' queries (embedded store) through another thread on a
         # client of their own, so a long query never holds ingestion up: chdb runs the two side by side (measured:
         # 3,000 inserts beside 4,000 queries from two threads, no error, every row there).
@@ -193,6 +193,13 @@ class ClickHouseSink:
             raise
         return True
 
+    def held(self) -> dict[str, int]:
+        """Per table, the rows read and not yet stored (the batch gathering; the one being stored is not counted)."""
+        out: dict[str, int] = {}
+        for b in self.batches.values():
+            out[b.table.name] = out.get(b.table.name, 0) + b.count
+        return out
+
     def pace(self) -> None:
         """Pause consuming while a batch is full and cannot be stored yet (the store is busy with the last one, or
         away); resume once none is. The loop still polls meanwhile, so the group keeps this member."""
@@ -300,7 +307,7 @@ class ClickHouseSink:
             stats.batches += 1
         offsets = {TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()}
         await self.outages.call(f"committing {batch.topic}", lambda: self.consumer.commit(offsets))
-        stats.insert_seconds += time.perf_counter() - began
+        stats.stored(time.perf_counter() - began, max((e.kafka_ts for e in batch.entries), default=0))
 
     async def flush_all(self) -> None:
         """Every batch stored and committed before this returns (a revoked partition, a stop)."""

@@ -1,16 +1,17 @@
 """What the sink has done, per table, and whether it is waiting on its store: /status as JSON, /metrics as
-Prometheus text (the names every role uses for the same things: received, emitted, refused, errors, batch latency)."""
+Prometheus text under the words every role shares (core/metrics.py)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from core.metrics import Latency, MetricSpec, own, shared
 from sinks.outage import Outages
 
 
@@ -25,7 +26,19 @@ class TableStats:
     split_batches: int = 0  # batches the store refused whole, inserted in parts around the records at fault
     topic_resets: int = 0  # partitions found recreated (log end at or below the stored watermark): read as new
     stored_again: int = 0  # last batches before a stop, inserted again at start with their token (sinks/inflight.py)
-    insert_seconds: float = 0.0  # summed over the batches stored (outages included)
+    latency: Latency = field(default_factory=Latency)  # per batch stored and committed (outages included)
+    newest_ts_ms: int = 0  # Kafka timestamp of the newest record of the latest batch stored
+    lag_s: float = 0.0  # when that batch was committed minus newest_ts_ms
+
+    def stored(self, seconds: float, newest_ts_ms: int, now: float | None = None) -> None:
+        self.latency.observe(seconds)
+        if newest_ts_ms:
+            self.newest_ts_ms = newest_ts_ms
+            self.lag_s = max(0.0, (time.time() if now is None else now) - newest_ts_ms / 1000)
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in vars(self).items() if k != "latency"}
+        return {**out, "insert_seconds": round(self.latency.sum_s, 3), "lag_s": round(self.lag_s, 3)}
 
 
 @dataclass
@@ -35,14 +48,34 @@ class SinkStats:
     started_at: float = field(default_factory=time.time)
     ready: bool = False
     paused: bool = False  # consuming paused: a full batch waits for the store
+    held: Callable[[], Mapping[str, int]] | None = None  # table -> rows read and not yet stored (set by the sink)
 
     def as_dict(self) -> dict:
         return {
             "ready": self.ready,
             "uptime_s": round(time.time() - self.started_at, 1),
             "store": {**self.outages.state(), "consuming_paused": self.paused},
-            "tables": {name: vars(s) for name, s in self.tables.items()},
+            "tables": {name: s.as_dict() for name, s in self.tables.items()},
         }
+
+
+RECEIVED = shared("sink", "received", "records taken from the table's topic", ["table"])
+EMITTED = shared("sink", "emitted", "rows stored in the table", ["table"])
+REFUSED = shared("sink", "refused", "records dead-lettered: the validator or the store refused them", ["table"])
+ERRORS = shared("sink", "errors", "store (or broker) calls that failed and were tried again, by error", ["error"])
+BATCH = shared("sink", "batch_seconds", "a batch recorded in flight, inserted and committed, waits for the store "
+               "included", ["table"])
+LAG = shared("sink", "lag_seconds", "when the table's latest batch was committed, minus the Kafka timestamp of its newest record", ["table"])
+STATE = shared("sink", "state_entries", "rows read and not yet stored", ["table"])
+REPLAYED = own("sink", "replayed", "counter", "records read again at or below the stored watermark, skipped",
+               ["table"])
+WAITING = own("sink", "store_waiting", "gauge", "1 while the store does not take the sink's writes and the sink "
+              "waits for it")
+PAUSED = own("sink", "consuming_paused", "gauge", "1 while consuming is paused behind a full batch")
+OUTAGES = own("sink", "store_outages", "counter", "times the store stopped taking writes")
+WAITED = own("sink", "store_wait_seconds", "counter", "time spent waiting for the store")
+CATALOGUE: tuple[MetricSpec, ...] = (RECEIVED, EMITTED, REFUSED, ERRORS, BATCH, LAG, STATE, REPLAYED, WAITING,
+                                     PAUSED, OUTAGES, WAITED)
 
 
 class SinkMetrics(Collector):
@@ -52,31 +85,21 @@ class SinkMetrics(Collector):
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        counters = {"received": ("records", "records taken from the table's topic"),
-                    "emitted": ("rows", "rows stored in the table"),
-                    "refused": ("dead_letters", "records dead-lettered: the validator or the store refused them"),
-                    "replayed": ("already_stored", "records read again at or below the stored watermark, skipped"),
-                    "batches": ("batches", "inserts stored"),
-                    "batch_seconds": ("insert_seconds", "time spent storing batches, waits for the store included")}
-        for name, (attr, help_text) in counters.items():
-            family = CounterMetricFamily(f"fleetpulse_sink_{name}", help_text, labels=["table"])
-            for table, s in sorted(self.stats.tables.items()):
-                family.add_metric([table], getattr(s, attr))
-            yield family
+        tables = sorted(self.stats.tables.items())
+        yield RECEIVED.of(([t], s.records) for t, s in tables)
+        yield EMITTED.of(([t], s.rows) for t, s in tables)
+        yield REFUSED.of(([t], s.dead_letters) for t, s in tables)
+        yield REPLAYED.of(([t], s.already_stored) for t, s in tables)
+        yield BATCH.of(([t], s.latency) for t, s in tables)
+        yield LAG.of(([t], s.lag_s) for t, s in tables if s.newest_ts_ms)
+        if self.stats.held is not None:
+            yield STATE.of(([t], n) for t, n in sorted(self.stats.held().items()))
         outages = self.stats.outages
-        yield GaugeMetricFamily("fleetpulse_sink_store_waiting", "1 while the store does not take the sink's writes "
-                                "and the sink waits for it", value=int(outages.waiting))
-        yield GaugeMetricFamily("fleetpulse_sink_consuming_paused", "1 while consuming is paused behind a full batch",
-                                value=int(self.stats.paused))
-        yield CounterMetricFamily("fleetpulse_sink_store_outages", "times the store stopped taking writes",
-                                  value=outages.count)
-        yield CounterMetricFamily("fleetpulse_sink_store_wait_seconds", "time spent waiting for the store",
-                                  value=outages.total_waited_s())
-        errors = CounterMetricFamily("fleetpulse_sink_errors", "store (or broker) calls that failed and were tried "
-                                     "again, by error", labels=["error"])
-        for name, n in sorted(outages.by_error.items()):
-            errors.add_metric([name], n)
-        yield errors
+        yield WAITING.family(int(outages.waiting))
+        yield PAUSED.family(int(self.stats.paused))
+        yield OUTAGES.family(outages.count)
+        yield WAITED.family(outages.total_waited_s())
+        yield ERRORS.of(([name], n) for name, n in sorted(outages.by_error.items()))
 
 
 def exposition(stats: SinkStats) -> bytes:

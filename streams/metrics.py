@@ -1,14 +1,13 @@
-"""Per-stage counters (received, emitted, errored, batch latency) and per-topic refusals; streams/metrics_server.py serves them."""
+"""Per-stage counters (received, emitted, errors, batch latency, event-time lag, state size) and per-topic refusals,
+under the words every role shares (core/metrics.py); streams/metrics_server.py serves them."""
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-# Upper bounds (seconds) of the batch-latency histogram buckets, Prometheus style (le=...).
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+from core.metrics import Latency
 
 
 @dataclass
@@ -18,14 +17,18 @@ class StageMetrics:
     stage: str
     received: int = 0  # records taken from the input topic(s)
     emitted: int = 0  # records produced to the stage's output topics (not dead letters, not repartitions)
-    errored: int = 0  # records this stage dead-lettered (internal records, or rules that raised)
-    batches: int = 0
-    latency_sum_s: float = 0.0
-    latency_max_s: float = 0.0
-    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    errors: int = 0  # records this stage dead-lettered (internal records, or rules that raised)
+    latency: Latency = field(default_factory=Latency)
+    newest_ts_ms: int = 0  # Kafka timestamp of the newest record of the latest batch done
+    lag_s: float = 0.0  # when that batch was done minus newest_ts_ms
+    state_entries: int | None = None  # keys in the stage's tables this worker holds, after its latest batch
     crashes: int = 0  # times its lane's loop raised (once: the lane then takes no more records, the worker stops)
     crash_times: list[float] = field(default_factory=list)  # monotonic, the most recent few
     last_error: str = ""
+
+    @property
+    def batches(self) -> int:
+        return self.latency.n
 
     def crashed(self, exc: BaseException, now: float | None = None) -> None:
         self.crashes += 1
@@ -36,16 +39,13 @@ class StageMetrics:
         now = time.monotonic() if now is None else now
         return sum(1 for t in self.crash_times if now - t <= window_s)
 
-    def observe_batch(self, seconds: float) -> None:
-        """Record how long one batch took, from taking it to its outputs being acknowledged by the broker."""
-        self.batches += 1
-        self.latency_sum_s += seconds
-        self.latency_max_s = max(self.latency_max_s, seconds)
-        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-
-    def snapshot(self) -> dict[str, float]:
-        return {"received": self.received, "emitted": self.emitted, "errored": self.errored,
-                "batches": self.batches, "latency_sum_s": self.latency_sum_s, "latency_max_s": self.latency_max_s}
+    def observe_batch(self, seconds: float, newest_ts_ms: int = 0, now: float | None = None) -> None:
+        """Record one batch: how long it took, from taking it to its outputs and state being acknowledged, and the
+        event-time lag of its newest record (its Kafka timestamp) when it was done."""
+        self.latency.observe(seconds)
+        if newest_ts_ms:
+            self.newest_ts_ms = newest_ts_ms
+            self.lag_s = max(0.0, (time.time() if now is None else now) - newest_ts_ms / 1000)
 
 
 class MetricsRegistry(dict[str, StageMetrics]):

@@ -10,13 +10,33 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import orjson
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from streams.metrics import LATENCY_BUCKETS_S, MetricsRegistry
+from core.metrics import MetricSpec, own, shared
+from streams.metrics import MetricsRegistry
 
 log = logging.getLogger("fleetpulse.streams")
 Lag = Callable[[], Mapping[str, int]]  # stage -> records on its inputs not yet processed
+
+RECEIVED = shared("stage", "received", "records taken from the stage's inputs", ["stage"])
+EMITTED = shared("stage", "emitted", "records sent to its output topics", ["stage"])
+ERRORS = shared("stage", "errors", "records it dead-lettered (its internal records, or its rules raised)", ["stage"])
+BATCH = shared("stage", "batch_seconds", "from taking a batch to its outputs and state being acknowledged",
+               ["stage"])
+LAG = shared("stage", "lag_seconds", "when the stage's latest batch was done, minus the Kafka timestamp of its newest record", ["stage"])
+STATE = shared("stage", "state_entries", "keys in the stage's tables on the partitions this worker holds",
+               ["stage"])
+REFUSED = shared("worker", "refused", "counted once per record in this worker, whichever stages read its topic (the "
+                 "sink dead-letters them)", ["topic"])
+CRASHES = own("stage", "crashes", "counter", "times the stage's lane loop raised and was restarted (/healthz fails "
+              "for a minute after each)", ["stage"])
+LAG_RECORDS = own("stage", "lag_records", "gauge", "records on the stage's input partitions that this worker holds "
+                  "and has not processed yet", ["stage"])
+REREADS = own("worker", "recovery_rereads", "counter", "stalled table recoveries whose changelog partitions were read "
+              "again from the record after the last applied one (the log has their consumer state)")
+CATALOGUE: tuple[MetricSpec, ...] = (RECEIVED, EMITTED, ERRORS, BATCH, LAG, STATE, REFUSED, CRASHES, LAG_RECORDS,
+                                     REREADS)
 
 
 class WorkerMetrics(Collector):
@@ -26,41 +46,18 @@ class WorkerMetrics(Collector):
         self.metrics, self.lag = metrics, lag
 
     def collect(self) -> Iterator[Metric]:
-        helps = {"received": "records taken from the stage's inputs", "emitted": "records sent to its output topics",
-                 "errored": "records it dead-lettered (internal records, or its rules raised)"}
-        for name, help_text in helps.items():
-            family = CounterMetricFamily(f"fleetpulse_stage_{name}", help_text, labels=["stage"])
-            for stage, m in list(self.metrics.items()):
-                family.add_metric([stage], getattr(m, name))
-            yield family
-        latency = HistogramMetricFamily("fleetpulse_stage_batch_seconds", "from taking a batch to its outputs and "
-                                        "state being acknowledged", labels=["stage"])
-        for stage, m in list(self.metrics.items()):
-            cumulative, buckets = 0, []
-            for bound, count in zip((*map(str, LATENCY_BUCKETS_S), "+Inf"), m.latency_counts):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            latency.add_metric([stage], buckets, m.latency_sum_s)
-        yield latency
-        crashes = CounterMetricFamily("fleetpulse_stage_crashes", "times the stage's lane loop raised and was "
-                                      "restarted (/healthz fails for a minute after each)", labels=["stage"])
-        for stage, m in list(self.metrics.items()):
-            crashes.add_metric([stage], m.crashes)
-        yield crashes
-        refused = CounterMetricFamily("fleetpulse_topic_refused", "records the topic's validator refused, once per "
-                                      "record in this worker (the sink dead-letters them)", labels=["topic"])
-        for topic, n in sorted(self.metrics.refused.items()):
-            refused.add_metric([topic], n)
-        yield refused
-        yield CounterMetricFamily("fleetpulse_recovery_rereads", "stalled table recoveries whose changelog partitions "
-                                  "were read again from the record after the last applied one (the log has their "
-                                  "consumer state)", value=self.metrics.recovery_rereads)
+        stages = sorted(self.metrics.items())
+        yield RECEIVED.of(([s], m.received) for s, m in stages)
+        yield EMITTED.of(([s], m.emitted) for s, m in stages)
+        yield ERRORS.of(([s], m.errors) for s, m in stages)
+        yield BATCH.of(([s], m.latency) for s, m in stages)
+        yield LAG.of(([s], m.lag_s) for s, m in stages if m.newest_ts_ms)
+        yield STATE.of(([s], m.state_entries) for s, m in stages if m.state_entries is not None)
+        yield CRASHES.of(([s], m.crashes) for s, m in stages)
+        yield REFUSED.of(([topic], n) for topic, n in sorted(self.metrics.refused.items()))
+        yield REREADS.family(self.metrics.recovery_rereads)
         if self.lag is not None:
-            lag = GaugeMetricFamily("fleetpulse_stage_lag_records", "records on the stage's input partitions that "
-                                    "this worker holds and has not processed yet", labels=["stage"])
-            for stage, n in sorted(self.lag().items()):
-                lag.add_metric([stage], n)
-            yield lag
+            yield LAG_RECORDS.of(([stage], n) for stage, n in sorted(self.lag().items()))
 
 
 def registry_for(metrics: MetricsRegistry, lag: Lag | None = None) -> CollectorRegistry:

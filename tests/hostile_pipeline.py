@@ -93,7 +93,7 @@ async def through_pipeline(per_topic: int, seed: int, log: Path, timeout: float 
             text = (await asyncio.to_thread(
                 lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read())).decode()
             return {t.name: sum(float(v) for v in re.findall(
-                rf'^fleetpulse_topic_refused_total{{topic="{re.escape(t.full(prefix))}"}} ([0-9.e+]+)$', text, re.M))
+                rf'^fleetpulse_worker_refused_total{{topic="{re.escape(t.full(prefix))}"}} ([0-9.e+]+)$', text, re.M))
                 for t in RAW}
 
         async def done() -> bool:  # the worker's lanes run apart: its NCCL lane may count after the sink is done

@@ -95,7 +95,7 @@ async def test_each_bad_record_yields_exactly_one_dead_letter_in_the_whole_pipel
         faults = await wait_for("the fault after the bad records", lambda: fault_of("h2", "xid:79"), 30, log)
         scrape = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
     # The worker counted each refused sample once, whatever number of its stages read the samples topic.
-    assert f'fleetpulse_topic_refused_total{{topic="{SAMPLES.full(topic_prefix)}"}} {len(bad[SAMPLES]) * 1.0}' \
+    assert f'fleetpulse_worker_refused_total{{topic="{SAMPLES.full(topic_prefix)}"}} {len(bad[SAMPLES]) * 1.0}' \
         in scrape.decode()
     assert 'fleetpulse_stage_received_total{stage="power_thermal"}' in scrape.decode()
     assert faults[0]["gpu_index"] == 5
@@ -199,13 +199,13 @@ async def test_samples_of_1_mb_10_mb_and_10000_gpus_get_one_dead_letter_each_tha
         async def worker_done() -> str | None:  # its partitions run apart: h3's may be done before h0's
             text = (await asyncio.to_thread(
                 lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())).decode()
-            counted = re.search(rf'^fleetpulse_topic_refused_total{{topic="{re.escape(topic)}"}} (\S+)$', text, re.M)
+            counted = re.search(rf'^fleetpulse_worker_refused_total{{topic="{re.escape(topic)}"}} (\S+)$', text, re.M)
             return text if counted and float(counted[1]) >= len(bad) and all(
                 float(re.search(rf'^fleetpulse_stage_received_total{{stage="{stage}"}} (\S+)$', text, re.M)[1]) >= good
                 for stage in READERS) else None
 
         scrape = await wait_for("the worker's count of the bad samples and of the good ones", worker_done, 60, log)
-    assert f'fleetpulse_topic_refused_total{{topic="{topic}"}} {len(bad) * 1.0}' in scrape  # once each
+    assert f'fleetpulse_worker_refused_total{{topic="{topic}"}} {len(bad) * 1.0}' in scrape  # once each
     for stage in READERS:  # every reader of the samples took every good one, those after the bad ones too
         assert f'fleetpulse_stage_crashes_total{{stage="{stage}"}} 0.0' in scrape, stage
     letters = [(facts, raw, r.value) for r in await read_all(kafka_bootstrap, SAMPLES.dlq(topic_prefix), 1)

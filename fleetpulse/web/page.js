@@ -2,7 +2,7 @@
 // and draws it: time series with uPlot (vendored), tables, stats, bars and a host x GPU heat map.
 "use strict";
 
-const state = (window.fleetpulse = { drawn: 0, rows: {}, errors: {}, range: null, outcomes: null });
+const state = (window.fleetpulse = { drawn: 0, rows: {}, errors: {}, range: null, outcomes: null, pipeline: null });
 const plots = {};
 const COLORS = ["#388bfd", "#f0883e", "#3fb950", "#d29922", "#a371f7", "#ff7b72", "#39c5cf", "#db61a2",
                 "#8b949e", "#e3b341"];
@@ -239,7 +239,27 @@ async function drawPanel(p, from, to) {
   }
 }
 
+// PipelineLagging and FleetSilent as the alert topic has them now, not as the store has them: a lagging sink stores
+// the alert that says so late (fleetpulse/alert_feed.py). A silent fleet and a silent pipeline read apart here.
+async function drawPipeline() {
+  const bar = document.getElementById("pipeline");
+  let r;
+  try {
+    r = await getJSON("/api/pipeline");
+  } catch (err) {
+    r = { alerts: [], error: String(err) };
+  }
+  state.pipeline = r;
+  const since = (t) => new Date(t * 1000).toISOString().slice(11, 19);
+  const lines = r.alerts.map((a) => el("div", { class: "alert", "data-alert": a.alertname },
+    el("b", {}, a.alertname), ` since ${since(a.starts_at)} UTC: ${a.summary}`));
+  if (r.error) lines.push(el("div", { class: "feed-error" }, `pipeline alerts unknown: ${r.error}`));
+  bar.replaceChildren(...lines);
+  bar.hidden = !lines.length;
+}
+
 async function refresh(panels) {
+  drawPipeline();
   try {
     const span = await getJSON("/api/span");
     if (!Number(span.gpu_rows)) {

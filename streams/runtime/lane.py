@@ -55,6 +55,7 @@ class Stepped:
     pending: list[Awaitable]
     done: list[tuple[Wired, StepState]]
     started: float  # perf_counter when the batch was taken
+    newest_ms: dict[str, int] = field(default_factory=dict)  # stage -> Kafka timestamp of its newest record here
 
     def flush(self) -> list[Changelog]:
         """Every stage's state into its tables (in memory); the changelog records to send."""
@@ -276,8 +277,11 @@ class Lane:
         sent = [await self.emitter.send(c.topic, c.key, c.value, partition=c.partition) for c in changelog]
         await asyncio.gather(*sent)  # state durable before faust may commit these offsets
         took = time.perf_counter() - stepped.started
+        now = time.time()
         for w, _ in stepped.done:
-            w.metrics.observe_batch(took)
+            w.metrics.observe_batch(took, stepped.newest_ms.get(w.spec.name, 0), now)
+            # here, in the worker's loop: a faust table read from the metrics thread makes its store there
+            w.metrics.state_entries = sum(len(t) for t in w.tables.values())
 
     async def _step(self, messages: Sequence[Message]) -> Stepped:
         """Decode once and step every stage, handing their outputs to the producer; state not yet written."""
@@ -311,6 +315,7 @@ class Lane:
                 if not records:
                     continue
                 w.metrics.received += len(records)
+                stepped.newest_ms[w.spec.name] = max(r.ts_ms for r in records)
                 emits, state, failed = run_step(w, records)
                 stepped.done.append((w, state))
                 await self._send(pending, w, emits, failed, where)
@@ -323,7 +328,7 @@ class Lane:
                     where: dict[tuple[str, int, int], Message]) -> None:
         """Hand one stage's outputs, and the dead letters of the records its rules raised on, to the producer."""
         for rec, reason in failed:
-            w.metrics.errored += 1
+            w.metrics.errors += 1
             show, held = self.refusals_log.take()
             if show:
                 w.log.warning("dead-lettered %s[%s]@%s: %s%s", rec.source, rec.partition, rec.offset, reason,
@@ -352,7 +357,7 @@ class Lane:
                         self.refusals_log.suffix(held))
         stages = {w.spec.name: w for w, _ in src.readers}
         for w in stages.values():  # the stage's own internal record: it dead-letters it
-            w.metrics.errored += 1
+            w.metrics.errors += 1
         readers = "+".join(stages)
         pending.append(await send_dead_letter(self.emitter, src.dlq, msg, reason, f"streams.{readers}"))
 

@@ -61,12 +61,12 @@ async def test_the_agent_publishes_samples_and_a_lost_gpu_arrives_as_an_event(se
     nvml, stop = FakeNvml(), asyncio.Event()
     agent = asyncio.create_task(serve(settings, stop, nvml=nvml))
     try:
-        published = lambda: metric(scrape(port), "fleetpulse_agent_published_total", topic=SAMPLES.name)  # noqa
+        published = lambda: metric(scrape(port), "fleetpulse_agent_emitted_total", topic=SAMPLES.name)  # noqa
         await until(lambda: published() >= 3, "three samples acknowledged")
         nvml.lose_gpu(3)  # Xid 79 through NVML events, then GPU_IS_LOST on every call
         with open(kernel_log, "a") as f:
             f.write(f"[ 8123.456789] {XID_LINE}\n")
-        await until(lambda: metric(scrape(port), "fleetpulse_agent_published_total", topic=XID.name) >= 3,
+        await until(lambda: metric(scrape(port), "fleetpulse_agent_emitted_total", topic=XID.name) >= 3,
                     "three XID events acknowledged")
         after_loss = published()
         await until(lambda: published() >= after_loss + 2, "samples after the loss")
@@ -78,7 +78,7 @@ async def test_the_agent_publishes_samples_and_a_lost_gpu_arrives_as_an_event(se
     assert metric(values, "fleetpulse_agent_collector_up", collector="nvml") == 1
     assert metric(values, "fleetpulse_agent_collector_up", collector="dcgm") == 0  # no exporter: skipped, not fatal
     assert metric(values, "fleetpulse_agent_collector_polls_total", collector="nvml") >= 5
-    assert metric(values, "fleetpulse_agent_collector_errors_total", collector="nvml") == 0
+    assert metric(values, "fleetpulse_agent_errors_total", collector="nvml") == 0
     assert metric(values, "fleetpulse_agent_spooled_total") == 0 and metric(values, "fleetpulse_agent_broker_connected")
     assert values[("process_resident_memory_bytes", ())] > 0
     assert runner.states["nvml"].polls >= 5

@@ -134,7 +134,7 @@ def test_the_agent_keeps_sampling_on_a_full_disk_with_its_broker_away(tiny_disk,
         polls = metric(port, "fleetpulse_agent_collector_polls")
         time.sleep(1.5)
         assert dropped >= 20 and metric(port, "fleetpulse_agent_collector_polls") > polls  # still sampling
-        assert metric(port, "fleetpulse_agent_collector_errors") == 0
+        assert metric(port, "fleetpulse_agent_errors") == 0
         assert os.statvfs(tiny_disk).f_bavail * os.statvfs(tiny_disk).f_frsize < 16 << 10  # the disk is full
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -204,7 +204,8 @@ def test_a_validation_below_the_required_bandwidth_fails_and_the_node_stays_out(
                  'fleetpulse_bot_errors_total{action="validate",bot="slurm"} 1.0',
                  'fleetpulse_bot_state_entries{bot="slurm"} 0.0'):
         assert line in text, (line, text)
-    assert 'fleetpulse_bot_action_seconds_total{action="validate",bot="slurm"}' in text
+    assert 'fleetpulse_bot_batch_seconds_count{action="validate",bot="slurm"} 1.0' in text
+    assert 'fleetpulse_bot_lag_seconds{bot="slurm"}' in text
 
 
 def test_a_node_drained_by_someone_else_is_never_touched_or_resumed(cluster, bot, bot_env):

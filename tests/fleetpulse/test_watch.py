@@ -10,7 +10,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from core.settings import load
+from aiohttp.test_utils import TestClient, TestServer
+
+from core.settings import CommonSettings, load
+from fleetpulse import page
+from fleetpulse.alert_feed import AlertFeed
 from fleetpulse.watch import ALERTNAME, GroupLag, LagAlerts, LagWatch, WatchSettings, role_of, watch
 from schemas.provision import ensure_topics
 from schemas.topics import ALERTS, SAMPLES
@@ -106,6 +110,8 @@ async def test_a_stopped_consumer_is_lagging_in_time_a_caught_up_one_is_not_and_
 
     stop = asyncio.Event()
     running = asyncio.create_task(watch(settings, stop))
+    page_client = TestClient(TestServer(page.make_app(settings)))  # the page reads the alert topic, not the store
+    await page_client.start_server()
     alerts = AIOKafkaConsumer(ALERTS.full(topic_prefix), bootstrap_servers=kafka_bootstrap,
                               auto_offset_reset="earliest")
     await alerts.start()
@@ -122,13 +128,39 @@ async def test_a_stopped_consumer_is_lagging_in_time_a_caught_up_one_is_not_and_
                     return mine[0]
             raise AssertionError(f"no {status} alert in 30 s: {seen}")
 
+        async def on_page(count: int) -> dict:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                shown = await (await page_client.get("/api/pipeline")).json()
+                if shown["read_at"] is not None and len(shown["alerts"]) == count:
+                    return shown
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"the page did not show {count} pipeline alerts in 30 s: {shown}")
+
         fired = await until("firing")
         assert (fired["alertname"], fired["labels"]["group"], fired["labels"]["role"]) == (ALERTNAME, sink, "sink")
+        shown = await on_page(1)
+        assert shown["alerts"][0]["fingerprint"] == fired["fingerprint"] and shown["error"] is None
         await _commit(kafka_bootstrap, sink, tp, 5)  # the sink catches up
         resolved = await until("resolved")
         assert resolved["fingerprint"] == fired["fingerprint"]
         assert [a["labels"]["group"] for a in seen] == [sink, sink]  # the caught-up worker never fired
+        await on_page(0)
+        scraped = await (await page_client.get("/metrics")).text()
+        assert 'fleetpulse_page_received_total{route="/api/pipeline"}' in scraped
     finally:
         stop.set()
         await running
         await alerts.stop()
+        await page_client.close()
+
+
+def test_the_page_feed_keeps_what_fires_of_the_pipeline_and_the_fleet_and_nothing_else():
+    feed = AlertFeed(CommonSettings())
+    alert = {"alertname": "FleetSilent", "status": "firing", "fingerprint": "f1", "starts_at": T0, "summary": "s"}
+    feed.take(alert)
+    feed.take({**alert, "alertname": "GpuOverheat", "fingerprint": "f2"})  # the store's panels show the others
+    feed.take({**alert, "alertname": ALERTNAME, "fingerprint": "f3", "starts_at": T0 - 5})
+    assert [a["fingerprint"] for a in feed.state()["alerts"]] == ["f3", "f1"]
+    feed.take({**alert, "status": "resolved"})
+    assert [a["alertname"] for a in feed.state()["alerts"]] == [ALERTNAME]

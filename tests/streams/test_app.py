@@ -123,18 +123,20 @@ def test_security_settings_become_faust_credentials(tmp_path):
 def test_counters_read_in_tests_and_as_the_served_prometheus_text(tmp_path):
     app = create_app(settings(tmp_path), stages=["power_thermal"])
     m = metrics_of(app)["power_thermal"]
-    m.received, m.emitted, m.errored = 10, 2, 1
-    m.observe_batch(0.003)
+    m.received, m.emitted, m.errors, m.state_entries = 10, 2, 1, 7
+    m.observe_batch(0.003, newest_ts_ms=1_000_000, now=1_004.5)
     m.observe_batch(0.2)
     metrics_of(app).refused["ns.fleet.telemetry.samples"] += 3
     text = exposition(metrics_of(app), lag=lambda: {"power_thermal": 42})
     assert 'fleetpulse_stage_received_total{stage="power_thermal"} 10.0' in text
-    assert 'fleetpulse_stage_errored_total{stage="power_thermal"} 1.0' in text
+    assert 'fleetpulse_stage_errors_total{stage="power_thermal"} 1.0' in text
     assert 'fleetpulse_stage_batch_seconds_bucket{le="0.005",stage="power_thermal"} 1.0' in text
     assert 'fleetpulse_stage_batch_seconds_bucket{le="+Inf",stage="power_thermal"} 2.0' in text
-    assert 'fleetpulse_topic_refused_total{topic="ns.fleet.telemetry.samples"} 3.0' in text
+    assert 'fleetpulse_stage_lag_seconds{stage="power_thermal"} 4.5' in text  # a batch without timestamps keeps it
+    assert 'fleetpulse_stage_state_entries{stage="power_thermal"} 7.0' in text
+    assert 'fleetpulse_worker_refused_total{topic="ns.fleet.telemetry.samples"} 3.0' in text
     assert 'fleetpulse_stage_lag_records{stage="power_thermal"} 42.0' in text
-    assert m.snapshot()["latency_max_s"] == 0.2 and StageMetrics("x").snapshot()["batches"] == 0
+    assert (m.batches, m.latency.max_s, StageMetrics("x").batches) == (2, 0.2, 0)
 
 
 def test_lanes_share_no_refusal_count_and_every_topic_is_counted_once(tmp_path):

@@ -62,7 +62,7 @@ async def test_stage_bins_both_topics_refuses_bad_records_and_keeps_state_on_the
     assert sorted((k, f.host, f.gpu_index, f.code, f.bin, f.count) for k, f in faults) == [
         (b"h1", "h1", 2, "gpu_lost", "reboot", 1), (b"h1", "h1", 2, "xid:79", "reboot", 1),
         (b"h2", "h2", 0, "xid:13", "retry", 1)]
-    assert (metrics.emitted, metrics.errored, metrics.batches >= 1) == (3, 0, True)
+    assert (metrics.emitted, metrics.errors, metrics.batches >= 1) == (3, 0, True)
     assert metrics_of(app).refused == {XID_TOPIC: 1, SAMPLES_TOPIC: 1}
     # Refused by the topics' validators, and left to the sink to dead-letter: one dead letter per bad record.
     assert emitter.to(XID_TOPIC + ".dlq") == [] and emitter.to(SAMPLES_TOPIC + ".dlq") == []

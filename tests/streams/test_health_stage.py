@@ -61,7 +61,7 @@ async def test_scores_on_change_gates_from_faults_and_dead_letters(app, emitter)
         await batch((encode(fault), b"h1", 3))  # between samples: scored at its own time
         await batch(*[(h1[k], b"h1", 3) for k in range(3, 6)], *[(h2[k], b"h2", 5) for k in range(3, 6)],
                     (b"{broken", b"h9", 6))
-        assert m.errored == 1
+        assert m.errors == 1
 
     rows = [HealthScore.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.health.scores")]
     nodes = [(r.host, r.ts - T0, r.score, r.gates) for r in rows if r.gpu_index is None]

@@ -97,7 +97,7 @@ async def test_a_fault_drains_through_the_fleet_step_and_results_walk_the_node_o
     requests = [DrainEvent.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.drain.events")]
     assert [(r.action, r.event_id) for r in requests] == [("drain", "h1:1:p1:drain"), ("repair", "h1:1:repair:1")]
     # Refused by the remediation results' validator, counted once; the sink dead-letters it.
-    assert emitter.to(PREFIX + "fleet.remediation.results.dlq") == [] and m.errored == 0
+    assert emitter.to(PREFIX + "fleet.remediation.results.dlq") == [] and m.errors == 0
     assert metrics_of(app).refused == {RESULTS_T: 1}
     assert app.tables["lifecycle-nodes"]["h1"]["state"] == "repairing"
     assert set(changelog(emitter, "lifecycle-nodes")) == {("h1", 2), ("h2", 4)}

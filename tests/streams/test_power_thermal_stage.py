@@ -107,7 +107,7 @@ async def test_the_lane_decodes_once_refuses_once_and_keeps_co_partitioned_state
         ("GpuTempSlowdown", "firing", "h1", 0), ("GpuTempNearShutdown", "resolved", "h1", 0),
         ("GpuTempSlowdown", "resolved", "h1", 0), ("GpuIncident", "resolved", "h1", 0)]
     m = metrics["power_thermal"]
-    assert (m.emitted, m.errored) == (6, 1) and m.batches >= 1  # errored: the broken rack report
+    assert (m.emitted, m.errors) == (6, 1) and m.batches >= 1  # errors: the broken rack report
     assert metrics.refused == {SAMPLES_TOPIC: 1, RACKS_TOPIC: 1}  # once per record, however many stages read it
     assert emitter.to(SAMPLES_TOPIC + ".dlq") != [] and len(emitter.to(SAMPLES_TOPIC + ".dlq")) == 1
     assert orjson.loads(emitter.to(SAMPLES_TOPIC + ".dlq")[0].value)["source_topic"] == RACKS_TOPIC  # not the sample

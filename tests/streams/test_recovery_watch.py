@@ -131,10 +131,10 @@ async def test_each_re_read_is_counted_on_the_worker_s_metrics():
     from streams.metrics_server import exposition
 
     metrics = MetricsRegistry()
-    assert "fleetpulse_recovery_rereads_total 0.0" in exposition(metrics)
+    assert "fleetpulse_worker_recovery_rereads_total 0.0" in exposition(metrics)
     app = stuck_app({A: 7}, {A: 40}, {}, Consumer())
     await ReRead(app, after_s=30, metrics=metrics).check(now=41.0)
-    assert "fleetpulse_recovery_rereads_total 1.0" in exposition(metrics)
+    assert "fleetpulse_worker_recovery_rereads_total 1.0" in exposition(metrics)
     await ReRead(stuck_app({A: 7}, {A: 40}, {}, Consumer(fails=True)), after_s=30, metrics=metrics).check(now=41.0)
     assert metrics.recovery_rereads == 1  # a seek that failed read nothing again
 
@@ -225,7 +225,7 @@ async def test_changelog_records_a_fetch_lost_stall_recovery_until_read_again(se
         assert "Recovery complete" in text and proc.poll() is None, text[-3000:]
         assert "test: dropped" in text and "again from the record after the last applied one" in text, text[-3000:]
         assert f"{changelog}[0]@1" in text and "applied=0" in text, text[-3000:]
-        assert scrape(port)[("fleetpulse_recovery_rereads_total", ())] == 1.0  # what monitoring sees of it
+        assert scrape(port)[("fleetpulse_worker_recovery_rereads_total", ())] == 1.0  # what monitoring sees of it
     finally:
         proc.terminate()
         proc.wait(30)

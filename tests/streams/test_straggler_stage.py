@@ -85,7 +85,7 @@ async def test_scores_are_rekeyed_by_host_joined_with_the_gpu_condition_and_publ
     assert {c.key for c in candidates} == {b"gpu-node-0003"}
     assert {StragglerScore.model_validate_json(c.value).rank for c in candidates} == {26}
     # Refused by the topics' validators (one bad sample too), no dead letter from the worker: the sink writes it.
-    assert emitter.to(PREFIX + "fleet.telemetry.nccl.dlq") == [] and metrics.errored == 0
+    assert emitter.to(PREFIX + "fleet.telemetry.nccl.dlq") == [] and metrics.errors == 0
     assert metrics_of(app).refused == {SAMPLES_T: 1, NCCL_T: 2}
     jobs_log = drain_changelog(emitter, "stragglers-jobs")  # window closes and checkpoints, on the job's partition
     assert jobs_log and {(orjson.loads(m.key), m.partition) for m in jobs_log} == {("job-0000", 4)}
@@ -96,7 +96,7 @@ async def test_scores_are_rekeyed_by_host_joined_with_the_gpu_condition_and_publ
         for c in candidates:
             await put_on(stage, BY_HOST, c.value, c.key, 5)
         await put_on(stage, BY_HOST, b'{"job": "x"}', b"gpu-node-0003", 5)  # an internal record: dead-lettered
-        await until(lambda: metrics.emitted == len(candidates) and metrics.errored == 1)
+        await until(lambda: metrics.emitted == len(candidates) and metrics.errors == 1)
     out = [StragglerScore.model_validate_json(s.value) for s in emitter.to(PREFIX + "fleet.stragglers")]
     assert {s.key for s in emitter.to(PREFIX + "fleet.stragglers")} == {b"job-0000"}
     assert len(emitter.to(PREFIX + "fleet.telemetry.nccl.dlq")) == 1
