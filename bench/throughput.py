@@ -6,7 +6,9 @@
 --stages all runs the whole worker on a simulated fleet (samples, XID, NCCL) and reports records/s per input
 topic from the group's first commit until its lag is 0, beside the raw consume+decode ceiling of those topics;
 --baseline runs another checkout's worker (`git archive <commit> | tar -x -C /tmp/before`) interleaved with it;
---workers N runs N telemetry worker processes in the one consumer group (scale-out: a share of the partitions each),
+--workers N runs N telemetry worker processes in the one consumer group (scale-out: a share of the partitions each;
+default: as `fleetpulse streams` runs them, one per core up to the samples topic's partitions), and the report gives
+samples/s per core of worker CPU beside the bare consumer's (`samples_per_core_s_*`),
 --baseline-workers M the baseline's (1 for a tree from before the stream runtime, which runs one). --warmup K rounds
 (default 1) run first, unmeasured, each tree's: a fresh broker's JIT compiler takes ~0.3-0.6 of a core for the first
 minute or more, which a scaled-out worker that fills both cores feels and a one-core consumer does not. Each run says
@@ -433,6 +435,9 @@ async def worker_runs(args, tmp: Path) -> dict:
                                             "raw_consume_decode": round(ceiling_cpu, 1)}
         if cpu:
             out[f"worker_vs_ceiling_cpu_{name}"] = round(ceiling_cpu / statistics.median(cpu), 3)
+            # the product's measure: the fleet one core holds, host samples per second per core of worker CPU
+            out[f"samples_per_core_s_{name}"] = {"worker": round(1e6 / statistics.median(cpu)),
+                                                 "raw_consume_decode": round(1e6 / ceiling_cpu)}
         # Where the machine's cores went, medians over the runs: a worker that fills the cores shares them with the
         # broker and the decisions worker; the ceiling's one consumer leaves the broker a core of its own.
         done = [r for r in rs if "seconds" in r]
@@ -580,8 +585,9 @@ if __name__ == "__main__":
                         "many: a tree that reads steps, fed them, looks half as fast)")
     p.add_argument("--commit-interval", type=float, default=0.5,
                    help="the worker's offset commit interval, seconds (progress is seen at commits; faust's is 2.8)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="telemetry worker processes in the one group, each taking a share of the partitions")
+    p.add_argument("--workers", type=int, default=None,
+                   help="telemetry worker processes in the one group, each taking a share of the partitions (default: "
+                        "as `fleetpulse streams` runs them, one per core up to the samples topic's partitions)")
     p.add_argument("--baseline-workers", type=int, help="the --baseline tree's worker processes (default: --workers; 1 "
                    "for a tree whose `fleetpulse streams` has no --worker)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds of each tree before the measured ones "
@@ -594,6 +600,10 @@ if __name__ == "__main__":
     a = p.parse_args()
     if a.worker_logs:
         a.worker_logs.mkdir(parents=True, exist_ok=True)
+    if a.workers is None:
+        from streams.settings import streams_settings, telemetry_processes
+
+        a.workers = telemetry_processes(streams_settings())
     if a.workers < 1 or (a.baseline_workers is not None and a.baseline_workers < 1):
         p.error("--workers and --baseline-workers must be at least 1")
     if a.warmup < 0:

@@ -132,7 +132,11 @@ class Stack:
             if page_url:
                 print(f"up: the fleet page is on {page_url}", file=sys.stderr, flush=True)
             if not a.no_streams:
-                await self._child("streams", "streams").start()
+                streams = self._child("streams", "streams")
+                # one telemetry process unless set: everything else `up` runs shares these cores with it
+                streams.env = {**os.environ, "FLEETPULSE_STREAMS_TELEMETRY_PROCESSES":
+                               os.environ.get("FLEETPULSE_STREAMS_TELEMETRY_PROCESSES", "1")}
+                await streams.start()
             await self._child("watch", "watch").start()  # every consumer group's lag: PipelineLagging
             sim_args = ["simulate", "--hosts", str(a.hosts), "--seed", str(a.seed), "--speed", str(a.speed),
                         "--scenario", a.scenario, "--follow-repairs"]

@@ -3,9 +3,9 @@
 Each worker (streams/registry.py WORKERS) is one faust app and consumer group in a process of its own: without
 --worker, this process runs the first worker the chosen stages need and starts the others as child processes, which
 die with it (Linux PR_SET_PDEATHSIG) and are stopped with it; a child that exits stops this process (exit 1), so a
-supervisor restarts the set. --telemetry-processes N (FLEETPULSE_STREAMS_TELEMETRY_PROCESSES) adds N-1 more telemetry
-workers as children, each with a faust data directory of its own, in the telemetry group: a share of the partitions
-each (without --worker only). --worker runs exactly one (a deployment that scales them apart).
+supervisor restarts the set. The telemetry worker runs as one process per core (at most the samples topic's partitions;
+--telemetry-processes N or FLEETPULSE_STREAMS_TELEMETRY_PROCESSES sets N): the extra ones are children, each with a
+faust data directory of its own, in the telemetry group, a share of the partitions each (without --worker only). --worker runs exactly one (a deployment that scales them apart).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from streams.metrics_server import serve
 from streams.registry import STAGES, WORKERS, select, workers
 from streams.runtime.recovery import ReRead, recovery_stall
 from streams.runtime.report import partitions_report, report
-from streams.settings import streams_settings
+from streams.settings import streams_settings, telemetry_processes
 
 log = logging.getLogger("fleetpulse.streams")
 
@@ -48,9 +48,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                                                      "worker they need, one process each)")
     p.add_argument("--workdir", type=Path, help="faust data directory (default: <data_dir>/streams; the Nth extra "
                                                  "telemetry process: the same with -N appended)")
-    p.add_argument("--telemetry-processes", type=int, metavar="N", help="telemetry worker processes in the group, "
-                                                                        "not with --worker (default: FLEETPULSE_"
-                                                                        "STREAMS_TELEMETRY_PROCESSES, else 1)")
+    p.add_argument("--telemetry-processes", metavar="N", help="telemetry worker processes in the group, or auto "
+                                                              "(one per core, at most the samples topic's "
+                                                              "partitions); not with --worker (default: FLEETPULSE_"
+                                                              "STREAMS_TELEMETRY_PROCESSES, else auto)")
     p.add_argument("--loglevel", default="info", help="worker log level (default: info)")
 
 
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                                                    {"streams_telemetry_processes": processes}))
     needed = list(workers(select(settings.stages)))
     others = [] if getattr(args, "worker", None) else child_workers(
-        needed, settings.streams_telemetry_processes, default_workdir(settings, getattr(args, "workdir", None)))
+        needed, telemetry_processes(settings), default_workdir(settings, getattr(args, "workdir", None)))
     for name, port in (("FLEETPULSE_STREAMS_METRICS_PORT", settings.streams_metrics_port),
                        ("FLEETPULSE_STREAMS_WEB_PORT", settings.streams_web_port)):
         if port and port + len(others) > 65535:

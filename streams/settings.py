@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 from core.settings import CommonSettings
+from schemas.topics import SAMPLES
 from streams.lifecycle.breaker import BreakerConfig
 from streams.fault_bins.config import FaultBinConfig
 from streams.health.rules import HealthConfig
@@ -48,10 +50,10 @@ class StreamsSettings(CommonSettings):
                                                "compact it: a restarted worker restores one record per key and at "
                                                "most this much history beside it, not all that was written since "
                                                "the segment opened (Kafka's own limits: 7 days or 1 GiB)")
-    streams_telemetry_processes: int = Field(default=1, ge=1, le=64, description="telemetry worker processes "
-                                             "`fleetpulse streams` runs in the one consumer group, a share of the "
-                                             "partitions each (not with --worker): up to one per core scales the "
-                                             "sample stages out (a process's stages run on one core)")
+    streams_telemetry_processes: int | None = Field(
+        default=None, ge=1, le=64, description="telemetry worker processes `fleetpulse streams` runs in the one "
+        "consumer group, a share of the partitions each (not with --worker; a process's stages run on one core); "
+        "unset or auto: one per core this process may run on, at most the samples topic's partitions")
     streams_gc_young: int = Field(default=50_000, ge=0, description="allocations between the cyclic garbage "
                                   "collector's young collections (Python's 700 makes it walk the stages' state "
                                   "thousands of times a second: 2-3x the CPU per sample); 0 keeps Python's")
@@ -80,6 +82,16 @@ class StreamsSettings(CommonSettings):
             return [s.strip() for s in value.split(",") if s.strip()] or None
         return value
 
+    @field_validator("streams_telemetry_processes", mode="before")
+    @classmethod
+    def _auto(cls, value):
+        if isinstance(value, str):
+            if value.strip().lower() in ("", "auto"):
+                return None
+            if not value.strip().isdigit():
+                raise ValueError("a number of processes (1 to 64), or auto")
+        return value
+
 
 def streams_settings(settings: CommonSettings | None = None, **overrides) -> StreamsSettings:
     """StreamsSettings from the environment, keeping the shared fields of `settings` when one is given."""
@@ -89,3 +101,12 @@ def streams_settings(settings: CommonSettings | None = None, **overrides) -> Str
     if isinstance(settings, StreamsSettings):
         base = settings.model_dump()
     return load(StreamsSettings, **{**base, **overrides})
+
+
+def telemetry_processes(settings: StreamsSettings) -> int:
+    """The telemetry processes to run: as set, or (auto) one per core this process may run on (its CPU affinity, as
+    a container's cpuset gives it), capped by the samples topic's partitions: a process with none would idle."""
+    if settings.streams_telemetry_processes is not None:
+        return settings.streams_telemetry_processes
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, SAMPLES.partitions))

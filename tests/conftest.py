@@ -197,6 +197,9 @@ def settings_env(kafka_bootstrap, clickhouse_url, clickhouse_database, topic_pre
         "FLEETPULSE_CLICKHOUSE_DATABASE": clickhouse_database,
         "FLEETPULSE_TOPIC_PREFIX": topic_prefix,
         "FLEETPULSE_DATA_DIR": str(tmp_path / "data"),
+        # one telemetry process per worker command, not one per core (the default): tests run two at a time on CI's
+        # two cores; tests/streams/test_telemetry_processes.py runs several, and the default's arithmetic
+        "FLEETPULSE_STREAMS_TELEMETRY_PROCESSES": "1",
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)

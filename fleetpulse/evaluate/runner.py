@@ -105,6 +105,9 @@ class Evaluation:
         env = {**os.environ, "FLEETPULSE_TOPIC_PREFIX": self.settings.topic_prefix,
                "FLEETPULSE_DATA_DIR": str(self.logs / "worker"), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2",
                "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": "0.5",  # lag seen by the pacing is at most this stale
+               # one telemetry process unless set: the run shares this machine's cores with the simulator, the
+               # broker, the sink and the store, which a deployment's workers do not
+               "FLEETPULSE_STREAMS_TELEMETRY_PROCESSES": os.environ.get("FLEETPULSE_STREAMS_TELEMETRY_PROCESSES", "1"),
                **self.plan.streams_env}
         if budgets:
             env["FLEETPULSE_RACK_BUDGETS_W"] = json.dumps(budgets)

@@ -22,6 +22,7 @@ from schemas.provision import ensure_topics
 from schemas.topics import ALERTS, SAMPLES
 from streams.app import group_id
 from streams.cli import child_workers, main
+from streams.settings import streams_settings, telemetry_processes
 from tests.conftest import REPO, free_ports
 from tests.streams.test_scale_out import HOSTS, caught_up, counter, members, records_on, runaway
 from tests.streams.test_worker_integration import PHASE1, produce, read_all, stop_worker, wait_for
@@ -36,8 +37,17 @@ def test_each_extra_telemetry_process_gets_a_data_directory_of_its_own(tmp_path)
     assert child_workers(["telemetry"], 2, Path(".")) == [("telemetry", Path(f"{Path.cwd()}-1"))]
 
 
+def test_by_default_one_process_per_core_at_most_one_per_samples_partition(monkeypatch):
+    for cores, expected in ((1, 1), (2, 2), (16, SAMPLES.partitions)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert telemetry_processes(streams_settings(streams_telemetry_processes="auto")) == expected
+        assert telemetry_processes(streams_settings(streams_telemetry_processes=3)) == 3
+
+
 @pytest.mark.parametrize("argv, named", [
     (["--telemetry-processes", "0"], "FLEETPULSE_STREAMS_TELEMETRY_PROCESSES (streams_telemetry_processes)"),
+    (["--telemetry-processes", "many"], "FLEETPULSE_STREAMS_TELEMETRY_PROCESSES (streams_telemetry_processes): Value "
+                                        "error, a number of processes (1 to 64), or auto"),
     (["--worker", "telemetry", "--telemetry-processes", "2"], "--worker runs exactly one"),
 ])
 def test_a_bad_process_count_fails_at_start_up_with_the_setting_named(argv, named, tmp_path, monkeypatch):
