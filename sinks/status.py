@@ -65,7 +65,8 @@ REFUSED = shared("sink", "refused", "records dead-lettered: the validator or the
 ERRORS = shared("sink", "errors", "store (or broker) calls that failed and were tried again, by error", ["error"])
 BATCH = shared("sink", "batch_seconds", "a batch recorded in flight, inserted and committed, waits for the store "
                "included", ["table"])
-LAG = shared("sink", "lag_seconds", "when the table's latest batch was committed, minus the Kafka timestamp of its newest record", ["table"])
+LAG = shared("sink", "lag_seconds", "when the table's latest batch was committed, minus the Kafka timestamp of its "
+             "newest record", ["table"])
 STATE = shared("sink", "state_entries", "rows read and not yet stored", ["table"])
 REPLAYED = own("sink", "replayed", "counter", "records read again at or below the stored watermark, skipped",
                ["table"])

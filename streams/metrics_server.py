@@ -24,7 +24,8 @@ EMITTED = shared("stage", "emitted", "records sent to its output topics", ["stag
 ERRORS = shared("stage", "errors", "records it dead-lettered (its internal records, or its rules raised)", ["stage"])
 BATCH = shared("stage", "batch_seconds", "from taking a batch to its outputs and state being acknowledged",
                ["stage"])
-LAG = shared("stage", "lag_seconds", "when the stage's latest batch was done, minus the Kafka timestamp of its newest record", ["stage"])
+LAG = shared("stage", "lag_seconds", "when the stage's latest batch was done, minus the Kafka timestamp of its "
+             "newest record", ["stage"])
 STATE = shared("stage", "state_entries", "keys in the stage's tables on the partitions this worker holds",
                ["stage"])
 REFUSED = shared("worker", "refused", "counted once per record in this worker, whichever stages read its topic (the "
