@@ -4,9 +4,13 @@ is: records not yet committed, and their age, now less the Kafka timestamp of th
 committed (the one at its committed offset). A consumer cannot report its own lag once it is stopped or stuck; this
 reads it from the broker, the same way for every role.
 
-A group whose lag on any topic passes `watch_lag_s` (60 s) fires one `PipelineLagging` on the alert topic (severity
-critical; labels group, role, its worst topic and every topic it trails on; its records and age as evidence),
-resolved once its lag is back under half the threshold everywhere or the group is gone. A fleet that sends nothing leaves every group caught up: no lag, no alert (the silence
+A group fires one `PipelineLagging` on the alert topic (severity critical; labels group, role, why, its worst topic
+and every topic it trails on; its records and age as evidence) for either of two reasons:
+- behind: its lag on a topic passes `watch_lag_s` (60 s), a consumer too slow for what it is sent;
+- stalled: on some partition records have waited `watch_stall_s` (30 s) while its committed offset did not move, a
+  consumer stopped, stuck or gone (seen before its lag reaches the threshold: a stopped sink within ~40 s).
+It is resolved once its lag is back under half the threshold and nothing has waited unmoved for half the stall time,
+or once the group is gone. A fleet that sends nothing leaves every group caught up: no lag, no alert (the silence
 stage's FleetSilent says the fleet is quiet); a pipeline that stops while the fleet sends shows here, which role and
 since when. The lags are served as Prometheus gauges (FLEETPULSE_WATCH_METRICS_PORT).
 """
@@ -46,6 +50,8 @@ class WatchSettings(CommonSettings):
 
     watch_lag_s: float = Field(default=60.0, gt=0, description="a consumer group this far behind on a topic (the "
                                "age of its oldest record not committed) raises PipelineLagging")
+    watch_stall_s: float = Field(default=30.0, gt=0, description="records waiting this long on a partition whose "
+                                 "committed offset has not moved (a consumer stopped or stuck) raise PipelineLagging")
     watch_interval_s: float = Field(default=10.0, gt=0, le=3600, description="how often the groups are measured")
     watch_metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus /metrics of the "
                                            "groups' lags (e.g. 9467); empty or off: none")
@@ -67,6 +73,8 @@ class GroupLag:
     records: int
     lag_s: float  # 0 when caught up
     since: float | None = None  # the Kafka timestamp of the oldest record not committed
+    stalled_s: float = 0.0  # the longest any partition's records have waited with its committed offset unmoved
+    stalled: int = 0  # partitions where records wait and the committed offset has not moved since the last round
 
 
 def role_of(group: str, prefix: str) -> str:
@@ -99,6 +107,8 @@ class LagWatch:
         # returns a whole first batch, however large.
         self.reader = AIOKafkaConsumer(**client, enable_auto_commit=False, auto_offset_reset="earliest",
                                        max_partition_fetch_bytes=16 << 10, fetch_max_bytes=1 << 20)
+        # (group, partition) -> its committed offset and when it was first seen there: how long it has not moved
+        self.moved: dict[tuple[str, TopicPartition], tuple[int, float]] = {}
 
     async def start(self) -> None:
         """Connect both clients; on a broker that does not answer, close what was opened and raise."""
@@ -131,19 +141,27 @@ class LagWatch:
                   if max(off, begins[tp]) < ends[tp]}
         stamps = await self._timestamps({(tp, off) for (_, tp), off in behind.items()})
         now, out = self.clock(), {}
+        moved = {(g, tp): (off, self.moved[(g, tp)][1] if self.moved.get((g, tp), (None,))[0] == off else now)
+                 for g, c in committed.items() for tp, off in c.items()}
+        self.moved = moved  # a group or partition gone is forgotten
         for group, c in committed.items():
             for tp in c:
                 key = (group, self.topics[tp.topic])
-                records, since = out.get(key, (0, None))
+                records, since, stalled_s, stalled = out.get(key, (0, None, 0.0, 0))
                 at = behind.get((group, tp))
                 if at is not None:
                     records += ends[tp] - at
                     ts = stamps.get((tp, at))
                     since = ts if since is None or (ts is not None and ts < since) else since
-                out[key] = (records, since)
+                    unmoved_since = moved[(group, tp)][1]
+                    if unmoved_since < now:  # not moved since the last round: its records wait on it
+                        stalled += 1
+                        stalled_s = max(stalled_s, now - max(unmoved_since, ts if ts is not None else now))
+                out[key] = (records, since, stalled_s, stalled)
         lags = [GroupLag(g, role_of(g, self.settings.topic_prefix), t, n,
-                         round(max(0.0, now - since), 1) if since is not None else 0.0, since)
-                for (g, t), (n, since) in out.items()]
+                         round(max(0.0, now - since), 1) if since is not None else 0.0, since,
+                         round(stalled_s, 1), stalled)
+                for (g, t), (n, since, stalled_s, stalled) in out.items()]
         return sorted(lags, key=lambda x: (-x.lag_s, -x.records, x.group, x.topic))
 
     async def _timestamps(self, wanted: set[tuple[TopicPartition, int]], timeout_s: float = 5.0) -> dict:
@@ -171,10 +189,12 @@ class LagWatch:
 
 @dataclass
 class LagAlerts:
-    """Which consumer groups are lagging (by their worst topic): one alert per group, fired once over `threshold_s`,
-    resolved under half of it or when the group no longer commits on any of the deployment's topics."""
+    """Which consumer groups are lagging (by their worst topic): one alert per group, fired once its lag passes
+    `threshold_s` or its records wait unmoved for `stall_s`, resolved once both are under half of theirs, or when the
+    group no longer commits on any of the deployment's topics."""
 
     threshold_s: float
+    stall_s: float = 30.0
     firing: dict[str, float] = field(default_factory=dict)  # group -> starts_at
 
     def judge(self, lags: list[GroupLag], now: float) -> list[Alert]:
@@ -183,11 +203,11 @@ class LagAlerts:
             by_group.setdefault(lag.group, []).append(lag)
         out = []
         for group, mine in by_group.items():
-            worst = mine[0]
-            if group not in self.firing and worst.lag_s > self.threshold_s:
+            worst, stalled_s = mine[0], max(x.stalled_s for x in mine)
+            if group not in self.firing and (worst.lag_s > self.threshold_s or stalled_s > self.stall_s):
                 self.firing[group] = worst.since or now
                 out.append(self._alert(mine, "firing", now))
-            elif group in self.firing and worst.lag_s <= self.threshold_s / 2:
+            elif group in self.firing and worst.lag_s <= self.threshold_s / 2 and stalled_s <= self.stall_s / 2:
                 out.append(self._alert(mine, "resolved", now))
                 del self.firing[group]
         for group in [g for g in self.firing if g not in by_group]:
@@ -196,30 +216,39 @@ class LagAlerts:
         return out
 
     def _alert(self, mine: list[GroupLag], status: str, now: float) -> Alert:
-        worst = mine[0]
+        worst, stuck = mine[0], max(mine, key=lambda x: x.stalled_s)
         behind = [x for x in mine if x.records]
-        if status == "firing":
-            summary = (f"the {worst.role} (consumer group {worst.group}) is {worst.lag_s:,.0f} s behind: "
-                       f"{sum(x.records for x in behind):,} records not yet taken on {len(behind)} topics, the "
-                       f"oldest on {worst.topic} published at {worst.since:.0f}; its outputs (alerts, drains, stored "
-                       f"rows) are that late")
-        else:
+        why = "behind" if worst.lag_s > self.threshold_s or stuck.stalled_s <= self.stall_s else "stalled"
+        waiting = f"{sum(x.records for x in behind):,} records not yet taken on {len(behind)} topics"
+        if status == "resolved":
             summary = f"consumer group {worst.group} caught up (within {self.threshold_s / 2:g} s)"
+        elif why == "behind":
+            summary = (f"the {worst.role} (consumer group {worst.group}) is {worst.lag_s:,.0f} s behind: {waiting}, "
+                       f"the oldest on {worst.topic} published at {worst.since:.0f}; its outputs (alerts, drains, "
+                       "stored rows) are that late")
+        else:
+            summary = (f"the {worst.role} (consumer group {worst.group}) has committed nothing for "
+                       f"{stuck.stalled_s:,.0f} s on {sum(x.stalled for x in mine)} partitions while records wait "
+                       f"({waiting}, {worst.lag_s:,.0f} s behind): stopped, stuck or gone")
+        value, threshold = (worst.lag_s, self.threshold_s) if why == "behind" else (stuck.stalled_s, self.stall_s)
         return Alert(fingerprint=fingerprint(f"{ALERTNAME}|group={worst.group}"), status=status,
                      alertname=ALERTNAME, severity="critical", ts=now, starts_at=self.firing.get(worst.group, now),
-                     ends_at=now if status == "resolved" else None, value=worst.lag_s, threshold=self.threshold_s,
-                     summary=summary[:1000], labels={"group": worst.group, "role": worst.role, "topic": worst.topic,
+                     ends_at=now if status == "resolved" else None, value=value, threshold=threshold,
+                     summary=summary[:1000], labels={"group": worst.group, "role": worst.role, "why": why,
+                                                     "topic": worst.topic if why == "behind" else stuck.topic,
                                                      "topics": ",".join(x.topic for x in behind)[:500]},
                      evidence={"records": float(sum(x.records for x in behind)), "lag_s": worst.lag_s,
-                               "topics_behind": float(len(behind))})
+                               "stalled_s": stuck.stalled_s, "topics_behind": float(len(behind))})
 
 
 GROUP = ["group", "role", "topic"]
 LAG = shared("pipeline", "lag_seconds", "age of the oldest record the group has not committed on the topic (0: "
              "caught up), read from the broker", GROUP)
 LAG_RECORDS = own("pipeline", "lag_records", "gauge", "records the group has not committed", GROUP)
+STALLED = own("pipeline", "stalled_seconds", "gauge", "the longest the group's records on the topic have waited "
+              "with its committed offset unmoved (0: it moves, or nothing waits)", GROUP)
 LAGGING = own("pipeline", "lagging", "gauge", "1 while PipelineLagging fires for the group", GROUP)
-CATALOGUE: tuple[MetricSpec, ...] = (LAG, LAG_RECORDS, LAGGING)
+CATALOGUE: tuple[MetricSpec, ...] = (LAG, LAG_RECORDS, STALLED, LAGGING)
 
 
 class WatchMetrics(Collector):
@@ -233,13 +262,14 @@ class WatchMetrics(Collector):
         lags = [([x.group, x.role, x.topic], x) for x in self.lags]
         yield LAG.of((key, x.lag_s) for key, x in lags)
         yield LAG_RECORDS.of((key, x.records) for key, x in lags)
+        yield STALLED.of((key, x.stalled_s) for key, x in lags)
         yield LAGGING.of((key, int(x.group in self.firing)) for key, x in lags)
 
 
 async def watch(settings: WatchSettings, stop: asyncio.Event, metrics: WatchMetrics | None = None) -> None:
     """Measure every `watch_interval_s` and publish what fires or resolves until `stop` is set. A broker away, at
     start or later, is waited out: each round connects what is not connected yet and measures again."""
-    alerts, lag_watch, pub = LagAlerts(settings.watch_lag_s), None, None
+    alerts, lag_watch, pub = LagAlerts(settings.watch_lag_s, settings.watch_stall_s), None, None
     try:
         while not stop.is_set():
             try:

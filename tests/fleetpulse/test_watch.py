@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -32,8 +33,8 @@ def test_a_group_past_the_threshold_fires_once_and_resolves_under_half_of_it_or_
     [fired] = alerts.judge([lag("fleetpulse-sink", 75), lag("fleetpulse-streams", 0, records=0)], T0)
     assert (fired.alertname, fired.status, fired.severity, fired.value, fired.starts_at) == (
         ALERTNAME, "firing", "critical", 75, T0 - 75)
-    assert fired.labels == {"group": "fleetpulse-sink", "role": "sink", "topic": "fleet.telemetry.samples",
-                            "topics": "fleet.telemetry.samples"}
+    assert fired.labels == {"group": "fleetpulse-sink", "role": "sink", "why": "behind",
+                            "topic": "fleet.telemetry.samples", "topics": "fleet.telemetry.samples"}
     assert "the sink (consumer group fleetpulse-sink) is 75 s behind: 10 records" in fired.summary
     assert alerts.judge([lag("fleetpulse-sink", 200)], T0 + 10) == []  # told once
     assert alerts.judge([lag("fleetpulse-sink", 31)], T0 + 20) == []  # between half and the threshold: still firing
@@ -51,11 +52,27 @@ def test_a_group_behind_on_several_topics_is_one_alert_named_by_its_worst():
                             lag("fleetpulse-sink", 0.0, "fleet.node.state", 0)], T0)
     assert (fired.value, fired.labels["topic"], fired.labels["topics"]) == (
         95, "fleet.alerts", "fleet.alerts,fleet.telemetry.samples")
-    assert fired.evidence == {"records": 302.0, "lag_s": 95, "topics_behind": 2.0}
+    assert fired.evidence == {"records": 302.0, "lag_s": 95, "stalled_s": 0.0, "topics_behind": 2.0}
     assert alerts.judge([lag("fleetpulse-sink", 20, records=5), lag("fleetpulse-sink", 40, "fleet.alerts", 1)],
                         T0 + 10) == []  # one topic still over half the threshold: not yet
     [resolved] = alerts.judge([lag("fleetpulse-sink", 20, records=5)], T0 + 20)
     assert resolved.fingerprint == fired.fingerprint
+
+
+def test_a_group_whose_records_wait_unmoved_fires_before_its_lag_reaches_the_threshold():
+    """A stopped sink is seen by its stall (30 s unmoved) while its lag is still under 60 s; it resolves once it
+    commits again and its lag is back under half the threshold."""
+    alerts = LagAlerts(threshold_s=60, stall_s=30)
+    stopped = GroupLag("fleetpulse-sink", "sink", "fleet.telemetry.samples", 900, 35, T0 - 35, stalled_s=30, stalled=8)
+    assert alerts.judge([stopped], T0) == []  # not over 30 s yet
+    [fired] = alerts.judge([replace(stopped, lag_s=45, stalled_s=40)], T0 + 10)
+    assert (fired.status, fired.value, fired.threshold, fired.labels["why"]) == ("firing", 40, 30, "stalled")
+    assert "has committed nothing for 40 s on 8 partitions while records wait (900 records" in fired.summary
+    assert fired.evidence["stalled_s"] == 40 and fired.evidence["lag_s"] == 45
+    catching_up = replace(stopped, lag_s=50, stalled_s=0.0, stalled=0)  # it moves again, still behind
+    assert alerts.judge([catching_up], T0 + 20) == []
+    [resolved] = alerts.judge([replace(catching_up, lag_s=12)], T0 + 30)
+    assert (resolved.status, resolved.fingerprint) == ("resolved", fired.fingerprint)
 
 
 def test_roles_by_group():
@@ -153,6 +170,47 @@ async def test_a_stopped_consumer_is_lagging_in_time_a_caught_up_one_is_not_and_
         await running
         await alerts.stop()
         await page_client.close()
+
+
+@pytest.mark.integration
+async def test_a_partition_whose_committed_offset_does_not_move_while_records_wait_is_stalled_for_that_long(
+        kafka_bootstrap, topic_prefix):
+    """Measured on the real broker with the watch's clock moved by hand: records wait on a partition the sink's group
+    last committed at 2; unmoved 40 s later it has been stalled 40 s; once it commits (even without catching up) it
+    is not stalled; a group caught up is never stalled."""
+    client = {"bootstrap_servers": kafka_bootstrap}
+    await ensure_topics(client, prefix=topic_prefix)
+    tp = TopicPartition(SAMPLES.full(topic_prefix), 1)
+    producer = AIOKafkaProducer(**client)
+    await producer.start()
+    try:
+        for _ in range(6):
+            await producer.send_and_wait(tp.topic, b"{}", key=b"h", partition=1)
+    finally:
+        await producer.stop()
+    sink, streams = f"{topic_prefix}fleetpulse-sink", f"{topic_prefix}fleetpulse-streams"
+    await _commit(kafka_bootstrap, sink, tp, 2)
+    await _commit(kafka_bootstrap, streams, tp, 6)
+    now = [time.time() + 1]
+    lag_watch = LagWatch(load(WatchSettings, kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix),
+                         clock=lambda: now[0])
+    await lag_watch.start()
+    try:
+        async def measure() -> dict[str, GroupLag]:
+            return {x.group: x for x in await lag_watch.measure() if x.topic == SAMPLES.name}
+
+        first = await measure()
+        assert (first[sink].records, first[sink].stalled_s, first[sink].stalled) == (4, 0.0, 0)  # first seen now
+        now[0] += 40
+        unmoved = await measure()
+        assert (unmoved[sink].stalled, unmoved[sink].stalled_s) == (1, pytest.approx(40, abs=0.1))
+        assert (unmoved[streams].records, unmoved[streams].stalled_s) == (0, 0.0)
+        await _commit(kafka_bootstrap, sink, tp, 3)
+        now[0] += 10
+        moved = await measure()
+        assert (moved[sink].records, moved[sink].stalled_s, moved[sink].stalled) == (3, 0.0, 0)
+    finally:
+        await lag_watch.close()
 
 
 def test_the_page_feed_keeps_what_fires_of_the_pipeline_and_the_fleet_and_nothing_else():
