@@ -122,8 +122,14 @@ def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Applicat
             (counts.errors if status >= 500 else counts.emitted)[route] += 1
             counts.latency.setdefault(route, Latency()).observe(time.perf_counter() - began)
 
-    def ask(sql: str) -> dict:
-        return orjson.loads(query(settings, f"{sql}\nFORMAT JSONCompact", **how))
+    def ask_rows(sql: str) -> tuple[list[str], list[str], bytes]:
+        """Column names, types and the rows as one JSON array, the rows passed through as the store wrote them: a
+        panel over thousands of hosts is hundreds of thousands of rows, which parsed and written again cost seconds
+        and left `up` ~0.5 MB larger after every answer (bench/fleet_scale.py). A JSON string holds no raw newline,
+        so the store's one row per line joins with commas."""
+        raw = query(settings, f"{sql}\nFORMAT JSONCompactEachRowWithNamesAndTypes", **how)
+        names, types, rows = (raw.split(b"\n", 2) + [b"", b""])[:3]
+        return orjson.loads(names), orjson.loads(types), b"[" + rows.rstrip(b"\n").replace(b"\n", b",") + b"]"
 
     async def answer(call, *args):
         try:
@@ -140,9 +146,9 @@ def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Applicat
 
     async def span(_: web.Request) -> web.Response:
         """The range the store holds samples for (a simulated fleet may run ahead of the clock)."""
-        got = await answer(ask, "SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), count() "
-                                "FROM gpu_samples")
-        first, last, n = got["data"][0]
+        _, _, rows = await answer(ask_rows, "SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)), "
+                                            "count() FROM gpu_samples")
+        [[first, last, n]] = orjson.loads(rows)
         if int(n):
             counts.lag_s = max(0.0, time.time() - int(last) / 1000)
         held = await answer(outcomes.span, outcomes.asker(settings, **how)) if int(n) else None
@@ -161,11 +167,10 @@ def make_app(settings: CommonSettings, owner_only: bool = False) -> web.Applicat
         if chosen is None:
             raise web.HTTPNotFound(text=f"no panel {request.match_info['name']!r}\n")
         start, end, interval = _range(request)
-        got = await answer(ask, expand(chosen.fine_sql if interval < 60 and chosen.fine_sql else chosen.sql,
-                                       start, end, interval))
-        return web.json_response({"name": chosen.name, "columns": [c["name"] for c in got["meta"]],
-                                  "types": [c["type"] for c in got["meta"]], "rows": got["data"],
-                                  "interval_s": interval}, dumps=lambda v: orjson.dumps(v).decode())
+        sql = expand(chosen.fine_sql if interval < 60 and chosen.fine_sql else chosen.sql, start, end, interval)
+        names, types, rows = await answer(ask_rows, sql)
+        head = orjson.dumps({"name": chosen.name, "columns": names, "types": types, "interval_s": interval})
+        return web.Response(body=head[:-1] + b',"rows":' + rows + b"}", content_type="application/json")
 
     async def pipeline(_: web.Request) -> web.Response:
         """PipelineLagging and FleetSilent as the alert topic has them now (fleetpulse/alert_feed.py)."""
