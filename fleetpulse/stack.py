@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
+
 from fleetpulse import breaker_cli, page, report
 from fleetpulse.broker import ensure_broker, local_broker
 from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
@@ -28,6 +30,8 @@ from core.settings import CommonSettings, load
 from fleetpulse.stack_view import StackView, fetch_store_facts
 from schemas.topics import TOPICS
 from schemas.tables import TABLE_BY_TOPIC
+
+STORE_EVERY_S = 5.0  # the live view's figures from the store: a query of every table, not free at scale
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -101,6 +105,8 @@ class Stack:
     children: dict[str, Child] = field(default_factory=dict)
     started_broker: bool = False
     started_store: bool = False
+    _facts: dict = field(default_factory=dict)
+    _facts_at: float = float("-inf")
 
     def _child(self, name: str, *argv: str) -> Child:
         child = Child(name, list(argv), self.settings.data_dir / "logs" / f"{name}.log")
@@ -167,7 +173,7 @@ class Stack:
                 view.note("simulation finished" if sim_done.done() else "interrupted: stopping")
                 await simulator.stop()
                 await self._drain(view, watch, (_last_json(simulator.stdout) or {}).get("end_ts"))
-                await self._refresh(view, watch)
+                await self._refresh(view, watch, fresh=True)
                 figures = await asyncio.to_thread(self._figures)
                 if a.screenshot is not None and page_url:
                     view.note(f"taking the fleet page's screenshot: {a.screenshot}")
@@ -217,10 +223,16 @@ class Stack:
             print(f"up: no figures for the run: {exc}", file=sys.stderr)
             return None
 
-    async def _refresh(self, view: StackView, watch: OffsetWatch) -> None:
-        ends = per_topic(await watch.end_offsets())
-        facts = await fetch_store_facts(self.settings)
-        view.update(ends, facts)
+    async def _refresh(self, view: StackView, watch: OffsetWatch, fresh: bool = False) -> None:
+        """The topics' offsets every call; the store's figures every STORE_EVERY_S (or `fresh`), as the view prints."""
+        try:
+            ends = per_topic(await watch.end_offsets())
+        except KafkaError as exc:  # the broker slow or away: the view waits with it, `up` goes on
+            view.note(f"cannot read the topics' offsets ({type(exc).__name__}); trying again")
+            ends = (view.prev or (0.0, {}))[1]
+        if fresh or time.monotonic() - self._facts_at >= STORE_EVERY_S:
+            self._facts, self._facts_at = await fetch_store_facts(self.settings), time.monotonic()
+        view.update(ends, self._facts)
 
     async def _drain(self, view: StackView, watch: OffsetWatch, last_ts: float | None) -> None:
         """Let streams, then the sink, consume everything already published before they are stopped.

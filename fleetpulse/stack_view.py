@@ -16,8 +16,11 @@ from core.settings import CommonSettings
 from fleetpulse.query import query
 from schemas.tables import TABLES
 
-# Until the health/lifecycle stages publish it, usable compute = GPUs that reported in the last 10 s of
-# simulated time and carry no firing critical/page alert, over every GPU ever seen (installed).
+# Until the lifecycle stage publishes it (usable_compute, with its installed GPUs), usable compute = GPUs that
+# reported in the last 10 s of simulated time and carry no firing critical/page alert, over the GPUs that reported
+# in the last 15 minutes (installed). gpu_samples, which every GPU adds to every 10 s, is read only over those
+# windows or from its parts' metadata (max(ts)): read whole every second, the store's CPU grew with the run (0.56 ->
+# 0.96 cores over an hour at 6,000 hosts, bench/fleet_scale.py). The other tables grow with events, not samples.
 FACTS_SQL = """
 WITH (SELECT max(ts) FROM gpu_samples) AS now_ts,
 firing AS (
@@ -28,11 +31,12 @@ firing AS (
 SELECT
     (SELECT count() FROM alerts) AS alert_messages,
     (SELECT count() FROM (SELECT fingerprint FROM alerts GROUP BY fingerprint HAVING argMax(status, ts) = 'firing')) AS firing,
-    (SELECT uniqExact(host, gpu_index) FROM gpu_samples) AS installed,
+    (SELECT uniqExact(host, gpu_index) FROM gpu_samples WHERE ts > now_ts - INTERVAL 15 MINUTE) AS installed,
     (SELECT uniqExact(host, gpu_index) FROM gpu_samples
       WHERE ts > now_ts - INTERVAL 10 SECOND AND (host, toNullable(gpu_index)) NOT IN (SELECT host, gpu_index FROM firing)) AS usable,
     (SELECT count() FROM usable_compute) AS lifecycle_minutes,
     (SELECT toInt64(round(argMax(usable_compute, minute_ts) * 1e6)) FROM usable_compute) AS lifecycle_usable_ppm,
+    (SELECT toInt64(round(argMax(installed_gpus, minute_ts))) FROM usable_compute) AS lifecycle_installed,
     (SELECT count() FROM interruptions WHERE bin != 'ignore') AS interruptions,  -- as the report counts them
     (SELECT uniqExact(event_id) FROM drain_events WHERE action = 'drain') AS drains,
     (SELECT count() FROM (SELECT DISTINCT host, since FROM node_states
@@ -40,7 +44,7 @@ SELECT
     (SELECT uniqExact(job, rank) FROM stragglers WHERE flagged) AS stragglers
 """
 FACT_NAMES = ("alert_messages", "firing", "installed", "usable", "lifecycle_minutes", "lifecycle_usable_ppm",
-              "interruptions", "drains", "returns", "stragglers")
+              "lifecycle_installed", "interruptions", "drains", "returns", "stragglers")
 # What happened, newest first: alerts fired, faults found, stragglers flagged, node state changes, bot requests.
 EVENTS_SQL = """
 SELECT toUnixTimestamp64Milli(ts) AS at, line FROM (
@@ -151,7 +155,7 @@ class StackView:
         # The lifecycle's per-minute figure once it reports one (drained, gated, straggler and throttle losses);
         # until then, or without the stream worker, GPUs seen in the last 10 s without a critical alert.
         if facts.get("lifecycle_minutes"):
-            usable = facts["lifecycle_usable_ppm"] / 1e6
+            usable, installed = facts["lifecycle_usable_ppm"] / 1e6, int(facts["lifecycle_installed"])
         else:
             usable = (int(facts.get("usable") or 0) / installed) if installed else None
         self.last = {
