@@ -18,6 +18,7 @@ label says which part of the role (a stage, a table, a bot's action, a collector
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -77,6 +78,20 @@ def own(role: str, name: str, kind: str, help_text: str, labels: Iterable[str] =
     if name in SHARED:
         raise ValueError(f"{name} is a shared word: use shared()")
     return MetricSpec(f"fleetpulse_{role}_{name}", kind, help_text, tuple(labels))
+
+
+@dataclass
+class EventLag:
+    """A lag_seconds gauge's value: when the latest unit of work was done, minus the Kafka timestamp of its newest
+    record. A unit without timestamps keeps the last value; `newest_ts_ms` is 0 until one had any (nothing to say)."""
+
+    newest_ts_ms: int = 0
+    lag_s: float = 0.0
+
+    def observe(self, newest_ts_ms: int, now: float | None = None) -> None:
+        if newest_ts_ms:
+            self.newest_ts_ms = newest_ts_ms
+            self.lag_s = max(0.0, (time.time() if now is None else now) - newest_ts_ms / 1000)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from core.metrics import Latency, MetricSpec, own, shared
+from core.metrics import EventLag, Latency, MetricSpec, own, shared
 from sinks.outage import Outages
 
 
@@ -27,18 +27,16 @@ class TableStats:
     topic_resets: int = 0  # partitions found recreated (log end at or below the stored watermark): read as new
     stored_again: int = 0  # last batches before a stop, inserted again at start with their token (sinks/inflight.py)
     latency: Latency = field(default_factory=Latency)  # per batch stored and committed (outages included)
-    newest_ts_ms: int = 0  # Kafka timestamp of the newest record of the latest batch stored
-    lag_s: float = 0.0  # when that batch was committed minus newest_ts_ms
+    lag: EventLag = field(default_factory=EventLag)  # of the latest batch stored and committed
 
     def stored(self, seconds: float, newest_ts_ms: int, now: float | None = None) -> None:
         self.latency.observe(seconds)
-        if newest_ts_ms:
-            self.newest_ts_ms = newest_ts_ms
-            self.lag_s = max(0.0, (time.time() if now is None else now) - newest_ts_ms / 1000)
+        self.lag.observe(newest_ts_ms, now)
 
     def as_dict(self) -> dict:
-        out = {k: v for k, v in vars(self).items() if k != "latency"}
-        return {**out, "insert_seconds": round(self.latency.sum_s, 3), "lag_s": round(self.lag_s, 3)}
+        out = {k: v for k, v in vars(self).items() if k not in ("latency", "lag")}
+        return {**out, "insert_seconds": round(self.latency.sum_s, 3), "newest_ts_ms": self.lag.newest_ts_ms,
+                "lag_s": round(self.lag.lag_s, 3)}
 
 
 @dataclass
@@ -92,7 +90,7 @@ class SinkMetrics(Collector):
         yield REFUSED.of(([t], s.dead_letters) for t, s in tables)
         yield REPLAYED.of(([t], s.already_stored) for t, s in tables)
         yield BATCH.of(([t], s.latency) for t, s in tables)
-        yield LAG.of(([t], s.lag_s) for t, s in tables if s.newest_ts_ms)
+        yield LAG.of(([t], s.lag.lag_s) for t, s in tables if s.lag.newest_ts_ms)
         if self.stats.held is not None:
             yield STATE.of(([t], n) for t, n in sorted(self.stats.held().items()))
         outages = self.stats.outages

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from core.metrics import Latency
+from core.metrics import EventLag, Latency
 
 
 @dataclass
@@ -19,8 +19,7 @@ class StageMetrics:
     emitted: int = 0  # records produced to the stage's output topics (not dead letters, not repartitions)
     errors: int = 0  # records this stage dead-lettered (internal records, or rules that raised)
     latency: Latency = field(default_factory=Latency)
-    newest_ts_ms: int = 0  # Kafka timestamp of the newest record of the latest batch done
-    lag_s: float = 0.0  # when that batch was done minus newest_ts_ms
+    lag: EventLag = field(default_factory=EventLag)  # of the latest batch done
     state_entries: int | None = None  # keys in the stage's tables this worker holds, after its latest batch
     crashes: int = 0  # times its lane's loop raised (once: the lane then takes no more records, the worker stops)
     crash_times: list[float] = field(default_factory=list)  # monotonic, the most recent few
@@ -43,9 +42,7 @@ class StageMetrics:
         """Record one batch: how long it took, from taking it to its outputs and state being acknowledged, and the
         event-time lag of its newest record (its Kafka timestamp) when it was done."""
         self.latency.observe(seconds)
-        if newest_ts_ms:
-            self.newest_ts_ms = newest_ts_ms
-            self.lag_s = max(0.0, (time.time() if now is None else now) - newest_ts_ms / 1000)
+        self.lag.observe(newest_ts_ms, now)
 
 
 class MetricsRegistry(dict[str, StageMetrics]):

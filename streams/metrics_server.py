@@ -52,7 +52,7 @@ class WorkerMetrics(Collector):
         yield EMITTED.of(([s], m.emitted) for s, m in stages)
         yield ERRORS.of(([s], m.errors) for s, m in stages)
         yield BATCH.of(([s], m.latency) for s, m in stages)
-        yield LAG.of(([s], m.lag_s) for s, m in stages if m.newest_ts_ms)
+        yield LAG.of(([s], m.lag.lag_s) for s, m in stages if m.lag.newest_ts_ms)
         yield STATE.of(([s], m.state_entries) for s, m in stages if m.state_entries is not None)
         yield CRASHES.of(([s], m.crashes) for s, m in stages)
         yield REFUSED.of(([topic], n) for topic, n in sorted(self.metrics.refused.items()))
