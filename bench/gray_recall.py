@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.simulate import FleetSimulator
 from streams.fault_bins.config import FaultBinConfig
 from streams.fault_bins.host_state import HostState
 from streams.fault_bins.rules import check_record, evaluate

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.simulator.runner import FleetSimulator  # noqa: E402
+from agents.simulator.simulate import FleetSimulator  # noqa: E402
 from core.settings import CommonSettings  # noqa: E402
 from schemas.rollups import ROLLUPS  # noqa: E402
 from schemas.tables import TABLES  # noqa: E402

@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 
-from agents.simulator.runner import FleetSimulator, simulate
+from agents.simulator.simulate import FleetSimulator, simulate
 from schemas.codec import encode
 
 

@@ -35,7 +35,7 @@ from report import save  # bench/report.py, beside this script
 def measure(hosts: int, ticks: int, batch: int, interval: float) -> dict[str, float]:
     """µs per host sample (with its NCCL steps): decode+check, then each step (its state writes included). CPU time of
     this process, not wall time: on a shared machine other tenants' load stretches wall time by up to 2x run to run."""
-    from agents.simulator.runner import FleetSimulator
+    from agents.simulator.simulate import FleetSimulator
     from schemas.codec import encode
     from schemas.topics import NCCL, SAMPLES, Topic
     from streams import registry

@@ -37,7 +37,7 @@ SEED = 7
 
 
 def _records(hosts: int, minutes: int, start: float) -> tuple[list[dict], int]:
-    from agents.simulator.runner import FleetSimulator
+    from agents.simulator.simulate import FleetSimulator
     from schemas.codec import encode
 
     sim = FleetSimulator(hosts, seed=SEED, start_ts=start, nccl_interval=0)

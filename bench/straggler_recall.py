@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.simulate import FleetSimulator
 from fleetpulse.evaluate.plan import apply_override, load_document
 from agents.simulator.scenario import parse_scenario
 from streams.stragglers.windows import Batch

@@ -20,7 +20,7 @@ from agents.simulator.fleet import Job, build_fleet
 from agents.simulator.nccl import NcclModel
 from schemas.topics import NCCL
 from streams.stragglers.windows import Batch, JobState, Window
-from streams.stragglers.scoring import Config, advance, persist, score
+from streams.stragglers.scoring import ScoringConfig, advance, persist, score
 
 from report import save  # bench/report.py, beside this script
 
@@ -38,7 +38,7 @@ def window_of_timings(window_s: float, hosts: int = 128, seed: int = 10) -> list
     return [orjson.dumps(r) for r in steps[:seconds * hosts]]
 
 
-def fold(raw: list[bytes], cfg: Config) -> float:
+def fold(raw: list[bytes], cfg: ScoringConfig) -> float:
     started = time.perf_counter()
     decoded = [NCCL.decode(x) for x in raw]
     state = None
@@ -47,7 +47,7 @@ def fold(raw: list[bytes], cfg: Config) -> float:
     return time.perf_counter() - started
 
 
-def close(cfg: Config, reps: int = 200) -> float:
+def close(cfg: ScoringConfig, reps: int = 200) -> float:
     acc = Window.empty(1024)
     per_rank = int(cfg.window_s)  # one timing a second
     acc.n_c[:], acc.n_w[:], acc.records, acc.with_compute = per_rank, per_rank, 1024 * per_rank, 1024 * per_rank
@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("bench/results/straggler_windows.json"))
     args = p.parse_args()
-    cfg = Config()
+    cfg = ScoringConfig()
     raw = window_of_timings(cfg.window_s)
     folds = [fold(raw, cfg) for _ in range(args.repeat)]
     closes = [close(cfg) for _ in range(args.repeat)]

@@ -41,7 +41,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from agents.publisher import Publisher
-from agents.simulator.runner import FleetSimulator, simulate
+from agents.simulator.simulate import FleetSimulator, simulate
 from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch, per_topic, stable_members
 from core.kafka_admin import delete_prefixed
@@ -54,7 +54,7 @@ from schemas.tables import TABLES
 from schemas.topics import NCCL, SAMPLES, XID, Topic
 from core.clickhouse import connect
 from sinks import store
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 
 from report import save  # bench/report.py, beside this script

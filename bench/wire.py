@@ -119,7 +119,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("bench/results/wire.json"))
     args = p.parse_args()
-    from agents.simulator.runner import FleetSimulator
+    from agents.simulator.simulate import FleetSimulator
 
     sim = FleetSimulator(args.hosts, seed=7, start_ts=time.time() - args.ticks - 60, nccl_interval=1.0)
     ticks = [sim.step() for _ in range(args.ticks)]

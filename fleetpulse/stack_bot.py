@@ -14,14 +14,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.publisher import Publisher
 from core.errors import DecodeError
 from core.settings import CommonSettings
-from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
+from fleetpulse.evaluate.bot import SimulatedBotConfig, SimulatedBot
 from schemas.codec import decode
 from schemas.topics import DRAIN, REMEDIATION
 
 log = logging.getLogger("fleetpulse.up.bot")
 
 
-async def answer_drains(settings: CommonSettings, config: BotConfig, speed: float, stop: asyncio.Event) -> int:
+async def answer_drains(settings: CommonSettings, config: SimulatedBotConfig, speed: float, stop: asyncio.Event) -> int:
     """Answer every drain event published from now until `stop`; returns how many answers went out."""
     bot = SimulatedBot(config)
     topic = DRAIN.full(settings.topic_prefix)

@@ -8,7 +8,7 @@ import signal
 
 from core.settings import load
 from sinks.endpoint import serve
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 
 

@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from sinks.query_guard import QueryRefused
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.status import exposition
 
 

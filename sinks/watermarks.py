@@ -12,7 +12,7 @@ from aiokafka.errors import KafkaError
 from sinks import store
 
 if TYPE_CHECKING:
-    from sinks.runner import ClickHouseSink
+    from sinks.sink import ClickHouseSink
 
 log = logging.getLogger("fleetpulse.sink")
 

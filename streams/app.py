@@ -19,7 +19,7 @@ from streams.metrics import MetricsRegistry
 from streams.runtime import delivery
 from streams.runtime.lane import Lane, Wired
 from streams.runtime.offsets import GapWatch, RewindingConsumer, watch_offset_gaps
-from streams.runtime.spec import StageSpec
+from streams.runtime.spec import StageSpec, stage_logger
 from streams.runtime.supervisor import LaneSupervisor
 from streams.settings import StreamsSettings, streams_settings
 
@@ -70,11 +70,11 @@ def _namespaced_table(namespace: str) -> type[faust.Table]:
     """faust names changelogs after the app id; ours keep the namespace's name, so a table's changelog is the same
     topic whichever worker (consumer group) runs its stage."""
 
-    class Table(faust.Table):
+    class NamespacedTable(faust.Table):
         def _changelog_topic_name(self) -> str:
             return f"{namespace}-{self.name}-changelog"
 
-    return Table
+    return NamespacedTable
 
 
 class QuietMonitor(Monitor):
@@ -208,7 +208,7 @@ def wired(app: faust.App, spec: StageSpec, s: StreamsSettings, metrics: MetricsR
     """A runtime stage's steps with its config built (a malformed one stops start-up here) and its tables registered."""
     tables = {t.name: app.Table(f"{spec.name}-{t.name}", partitions=t.partitions, help=t.help,
                                 extra_topic_configs=changelog_configs(s)) for t in spec.tables}
-    config, m, log = spec.config(s), metrics.stage(spec.name), registry.stage_logger(spec.name)
+    config, m, log = spec.config(s), metrics.stage(spec.name), stage_logger(spec.name)
     live = {t.name: t.live for t in spec.tables if t.live is not None}
     durable: dict[tuple[str, str], bytes] = {}  # shared by the steps, as the tables are
     return [Wired(spec, step, config, tables, m, log, live=live, durable=durable) for step in spec.steps]

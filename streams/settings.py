@@ -8,18 +8,15 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
+from pydantic import create_model
+
 from core.settings import CommonSettings
 from schemas.topics import SAMPLES
-from streams.lifecycle.breaker import BreakerConfig
-from streams.fault_bins.config import FaultBinConfig
-from streams.health.rules import HealthConfig
-from streams.lifecycle.rules import LifecycleConfig
-from streams.silence.rules import SilenceConfig
-from streams.stragglers.scoring import Config as StragglerConfig
+from streams.registry import STAGES
 
 
-class StreamsSettings(CommonSettings):
-    """FLEETPULSE_STAGES, FLEETPULSE_STREAMS_* and FLEETPULSE_RACK_*; the rest is shared with every process."""
+class WorkerSettings(CommonSettings):
+    """The worker's own settings (FLEETPULSE_STAGES, FLEETPULSE_STREAMS_*), under the stages' (StreamsSettings)."""
 
     stages: Annotated[list[str] | None, NoDecode] = Field(
         default=None, description="comma-separated stage names (streams/registry.py); default all")
@@ -64,16 +61,6 @@ class StreamsSettings(CommonSettings):
     streams_direct_lanes: bool = Field(default=True, description="lanes take their records from the fetch loop in "
                                        "batches (streams/runtime/inbox.py), not one faust event at a time through "
                                        "a stream; needs streams_eager_delivery. false: through faust's streams")
-    # Rule parameters, one JSON object each (FLEETPULSE_LIFECYCLE='{"min_dwell_s": 300}'); unset = the defaults
-    # documented on each model. Unknown keys fail at start-up with the key named.
-    fault_bins: FaultBinConfig = Field(default_factory=FaultBinConfig, description="fault-bin rule parameters")
-    health: HealthConfig = Field(default_factory=HealthConfig, description="health score weights and scales")
-    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, description="node state machine timings")
-    breaker: BreakerConfig = Field(default_factory=BreakerConfig, description="drain circuit breaker")
-    silence: SilenceConfig = Field(default_factory=SilenceConfig, description="host silence, broken monitors, "
-                                   "job stalls")
-    stragglers: StragglerConfig = Field(default_factory=StragglerConfig, description="straggler scoring: windows, "
-                                        "thresholds, K-of-N persistence")
 
     @field_validator("stages", mode="before")
     @classmethod
@@ -91,6 +78,21 @@ class StreamsSettings(CommonSettings):
             if not value.strip().isdigit():
                 raise ValueError("a number of processes (1 to 64), or auto")
         return value
+
+
+# Each stage's rule parameters, one JSON object each (FLEETPULSE_LIFECYCLE='{"min_dwell_s": 300}'), are the settings
+# its StageSpec declares (streams/runtime/spec.py Setting): a stage added to the registry brings its own. Unset = the
+# defaults documented on each model; unknown keys fail at start-up with the key named.
+_OWNED = [setting for spec in STAGES.values() for setting in spec.settings]
+_TAKEN = sorted({s.name for s in _OWNED if s.name in WorkerSettings.model_fields or
+                 sum(o.name == s.name for o in _OWNED) > 1})
+if _TAKEN:
+    raise TypeError(f"stage setting name(s) {', '.join(_TAKEN)} declared twice, or taken by the worker's own settings")
+StreamsSettings = create_model(
+    "StreamsSettings", __base__=WorkerSettings, __module__=__name__,
+    __doc__="FLEETPULSE_STAGES, FLEETPULSE_STREAMS_*, FLEETPULSE_RACK_* and each stage's rule parameters; the rest is "
+            "shared with every process.",
+    **{s.name: (s.model, Field(default_factory=s.model, description=s.help)) for s in _OWNED})
 
 
 def streams_settings(settings: CommonSettings | None = None, **overrides) -> StreamsSettings:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from core.settings import load
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 from tests.streams.test_worker_integration import stop_worker
 

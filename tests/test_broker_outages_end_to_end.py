@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agents.simulator.runner import simulate
+from agents.simulator.simulate import simulate
 from core.settings import CommonSettings, load
 from fleetpulse.broker import LocalKafka, LocalKafkaCluster
 from fleetpulse.local_process import listening

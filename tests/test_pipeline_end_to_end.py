@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.simulator.runner import simulate
+from agents.simulator.simulate import simulate
 from core.settings import CommonSettings, load
 from core.clickhouse import connect
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 
 pytestmark = pytest.mark.integration

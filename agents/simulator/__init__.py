@@ -27,7 +27,7 @@ the rack); unknown fields are errors that name the field (e.g. ``faults.0.therma
 agent also publishes its AgentStatus on fleet.telemetry.agent (agents/simulator/status.py).
 """
 
-from agents.simulator.runner import FleetSimulator, SimulationReport, Tick, build_tick, simulate
+from agents.simulator.simulate import FleetSimulator, SimulationReport, Tick, build_tick, simulate
 from agents.simulator.scenario import Scenario, load_scenario
 
 __all__ = ["FleetSimulator", "SimulationReport", "Scenario", "Tick", "build_tick", "load_scenario", "simulate"]

@@ -10,7 +10,7 @@ import sys
 import time
 
 from agents.publisher import Publisher
-from agents.simulator.runner import Tick, simulate
+from agents.simulator.simulate import Tick, simulate
 from agents.simulator.scenario import RUN_DEFAULTS, RunPlan, Scenario, available, load_scenario
 from core.errors import FleetpulseError
 from core.settings import CommonSettings, load

@@ -123,7 +123,7 @@ class Scenario(_Block):
                                           "health, lifecycle, breaker: each the JSON of that StreamsSettings field)")
     bot: dict[str, object] = Field(
         default_factory=dict, description="the simulated remediation bot's delays for `fleetpulse evaluate` and "
-                                          "`fleetpulse up` (fleetpulse/evaluate/bot.py BotConfig)")
+                                          "`fleetpulse up` (fleetpulse/evaluate/bot.py SimulatedBotConfig)")
 
     def plan(self, *, hosts: int | None = None, duration_s: float | None = None, interval_s: float | None = None,
              nccl_interval_s: float | None = None, seed: int | None = None) -> RunPlan:

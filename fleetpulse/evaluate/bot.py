@@ -19,7 +19,7 @@ from schemas.analytics import RemediationResult
 REPAIR_KINDS = ("reset", "reboot", "inspect", "replace", "domain")  # domain: an NVLink domain's shared part
 
 
-class BotConfig(BaseModel):
+class SimulatedBotConfig(BaseModel):
     """Simulated seconds each action takes [ours: a drain waits for jobs to checkpoint, a reboot plus burn-in takes
     ten minutes, an inspection half an hour, an NVLink domain's shared part (Fabric Manager restarted, NVSwitch trays
     re-initialised) a quarter of an hour, once for every tray its incident drained]; validation reports the bandwidth
@@ -44,10 +44,10 @@ class BotConfig(BaseModel):
         return self.drain_s + self.fix_s(repair) + self.validate_s + self.undrain_s
 
 
-def bot_config(values: Mapping) -> BotConfig:
+def bot_config(values: Mapping) -> SimulatedBotConfig:
     """A scenario's bot block, checked now with the field named."""
     try:
-        return BotConfig.model_validate(values)
+        return SimulatedBotConfig.model_validate(values)
     except ValidationError as exc:
         where = "; ".join(f"bot.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"scenario {where}") from None
@@ -66,9 +66,9 @@ class SimulatedBot:
     for after the job (mode after_jobs: a suspect's) waits for it, as a scheduler's drain lets the job reach its
     checkpoint before the node leaves; without it, such a drain is answered like any other."""
 
-    def __init__(self, config: BotConfig | None = None,
+    def __init__(self, config: SimulatedBotConfig | None = None,
                  checkpoint_after: Callable[[str, float], float | None] | None = None):
-        self.config = config or BotConfig()
+        self.config = config or SimulatedBotConfig()
         self.checkpoint_after = checkpoint_after
         self._due: list[tuple[float, int, RemediationResult]] = []
         self._order = itertools.count()

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from fleetpulse.evaluate.plan import plan_from
-from fleetpulse.evaluate.runner import Evaluation, Progress, write_report
+from fleetpulse.evaluate.evaluation import Evaluation, Progress, write_report
 from core.settings import CommonSettings, load
 
 

@@ -12,8 +12,8 @@ from core.clickhouse import connect
 from sinks.settings import SinkSettings
 
 if TYPE_CHECKING:
-    from fleetpulse.evaluate.runner import Evaluation
-    from sinks.runner import ClickHouseSink
+    from fleetpulse.evaluate.evaluation import Evaluation
+    from sinks.sink import ClickHouseSink
 
 # Columns read per table; times come back as epoch seconds.
 QUERIES = {

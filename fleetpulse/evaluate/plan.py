@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from agents.simulator.scenario import parse_scenario, resolve_path
 from core.errors import ConfigError
 from fleetpulse.evaluate.bot import bot_config
-from fleetpulse.evaluate.runner import Plan
+from fleetpulse.evaluate.evaluation import Plan
 
 PIPELINE_FIELDS = ("fault_bins", "health", "lifecycle", "breaker", "silence", "stragglers")
 # What every evaluation sets unless its scenario says otherwise. Flat out, simulated time runs 20-50x faster than the

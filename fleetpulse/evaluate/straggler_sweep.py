@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.simulator.kinds import SlowRank
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.simulate import FleetSimulator
 from agents.simulator.truth import straggler_outcome
-from streams.stragglers.scoring import Config, advance
+from streams.stragglers.scoring import ScoringConfig, advance
 from streams.stragglers.windows import Batch
 
 T0 = 1_800_000_000.0
@@ -72,7 +72,7 @@ def positions(world: int) -> tuple[int, ...]:
 
 
 def run_cell(pct: float, world: int, rank: int, duration: float | None = None, *, phase: float = 0.0,
-             seed: int = 0, within_s: float = 180.0, cfg: Config = Config(), nccl_interval_s: float = 2.0) -> Cell:
+             seed: int = 0, within_s: float = 180.0, cfg: ScoringConfig = ScoringConfig(), nccl_interval_s: float = 2.0) -> Cell:
     """The run starts `phase` s after a window boundary, so the slowness (from ONSET_S, a simulator tick, on) does."""
     hosts = max(1, world // 8)
     fault = {"kind": "slow_rank", "at": ONSET_S, "job": "job-0000", "rank": rank, "slowdown_pct": pct}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.simulate import FleetSimulator
 from agents.simulator.truth import POWER_LIMIT_REDUCED
 from fleetpulse.evaluate import straggler_sweep
 from schemas.codec import encode

@@ -10,7 +10,7 @@ DAY_S = 86_400.0
 
 
 class FaultBinConfig(BaseModel):
-    """Every knob of streams.fault_bins; a StreamsSettings field `fault_bins: FaultBinConfig` exposes it as one
+    """Every knob of streams.fault_bins; the stage's Setting `fault_bins` (stage.py) exposes it as one
     JSON variable (FLEETPULSE_FAULT_BINS='{"repeat_n": 2}'), and the stage uses these defaults until then."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -156,7 +156,3 @@ def rule_table(c: FaultBinConfig) -> list[tuple[str, str, str]]:
     ]
 
 
-def fault_config(settings: object | None) -> FaultBinConfig:
-    """The settings' `fault_bins` block where StreamsSettings has one, else the defaults above."""
-    value = getattr(settings, "fault_bins", None)
-    return value if isinstance(value, FaultBinConfig) else FaultBinConfig()

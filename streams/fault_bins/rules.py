@@ -30,7 +30,9 @@ DEFAULTS = FaultBinConfig()
 
 
 @dataclass
-class Evaluation:
+class Binned:
+    """What evaluate() made of a batch: the fault events to send, the state to keep, and counts of what it did."""
+
     faults: list[FaultEvent]
     state: dict[str, HostState]  # the hosts whose state is worth writing
     stats: Counter = field(default_factory=Counter)  # applied / replayed records, occurrences, findings by rule
@@ -182,7 +184,7 @@ def _replayed(st: HostState, kind: str, r: dict, config: FaultBinConfig) -> bool
 
 
 def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: FaultBinConfig = DEFAULTS,
-             *, now: float | None = None, owned: bool = False) -> Evaluation:
+             *, now: float | None = None, owned: bool = False) -> Binned:
     """Apply a batch of checked XidEvent, HostSample, NetSample and HostEvent dicts, in the order they came, to prior per-host state: the
     same records give the same faults in the same order however they are cut into batches (a sort within a batch
     would order across a boundary differently than inside one).
@@ -242,7 +244,7 @@ def evaluate(records: Sequence[Record], state: Mapping[str, HostState], config: 
         if st.dirty or st.clock - st.written >= config.state_flush_s:
             st.written, st.dirty = st.clock, False
             changed[host] = st
-    return Evaluation(out, changed, stats)
+    return Binned(out, changed, stats)
 
 
 def check_record(obj, kind: str) -> Record:

@@ -3,18 +3,17 @@ co-partitioned by host) -> binned, deduplicated faults."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from schemas.codec import encode
 from schemas.topics import FAULTS, HOST_EVENTS, NET, SAMPLES, XID
-from streams.fault_bins.config import FaultBinConfig, fault_config
+from streams.fault_bins.config import FaultBinConfig
 from streams.fault_bins.host_state import HostState
 from streams.fault_bins.rules import evaluate
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
+from streams.runtime.spec import Emit, Input, Record, Setting, StageSpec, StateTable, State, Step, stage_logger
 
 HOSTS = "hosts"
-log = logging.getLogger("fleetpulse.streams.fault_bins")
+log = stage_logger("fault_bins")
 
 
 def step(records: Sequence[Record], state: State, cfg: FaultBinConfig) -> list[Emit]:
@@ -24,11 +23,12 @@ def step(records: Sequence[Record], state: State, cfg: FaultBinConfig) -> list[E
     for host, st in prior.items():  # all kept in memory; to the changelog when a rule-read value changed
         state.put(HOSTS, host, st, durable=host in result.state)
     if result.stats["replayed"]:  # after a restart: records the state had already applied
-        log.info("[fault_bins] skipped %d replayed records", result.stats["replayed"])
+        log.info("skipped %d replayed records", result.stats["replayed"])
     return [Emit(FAULTS, f.host.encode(), encode(f), f"fault {f.evidence.get('emission')} {f.host} gpu={f.gpu_index} "
                  f"{f.code} -> {f.bin} ({f.rule}) count={f.count}") for f in result.faults]
 
 
+SETTING = Setting("fault_bins", FaultBinConfig, "fault-bin rule parameters")
 STAGE = StageSpec(
     name="fault_bins",
     description="XID/SXid lines, GPU counters, network ports and host kernel lines -> bin, escalation, deduplicated "
@@ -37,7 +37,8 @@ STAGE = StageSpec(
                                 Input(HOST_EVENTS, "host_event")), step,
                 batch_within_s=lambda cfg: cfg.batch_within_s),),
     outputs=(FAULTS,),
-    tables=(Table(HOSTS, "per-host GPU counter memory, fault history and open dedup windows (keyed by host)",
+    tables=(StateTable(HOSTS, "per-host GPU counter memory, fault history and open dedup windows (keyed by host)",
                   live=HostState),),
-    config=fault_config,
+    config=SETTING.of,
+    settings=(SETTING,),
 )

@@ -69,12 +69,6 @@ class HealthConfig(BaseModel):
     power_cap_clock_loss: float = 0.1
 
 
-def health_config(settings: object | None) -> HealthConfig:
-    """The settings' `health` block where StreamsSettings has one, else the defaults above."""
-    value = getattr(settings, "health", None)
-    return value if isinstance(value, HealthConfig) else HealthConfig()
-
-
 def _num(v) -> float:
     return math.nan if v is None else float(v)
 

@@ -20,8 +20,8 @@ from schemas.codec import encode
 from schemas.limits import MAX_GPUS
 from schemas.topics import FAULTS, HEALTH, HEALTH_STRAGGLERS, REMEDIATION, SAMPLES, STRAGGLERS
 from streams.health.rules import (HealthConfig, HostHealth, Scores, apply_fault, apply_remediation, apply_samples,
-                                  apply_straggler, health_config, score_all)
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
+                                  apply_straggler, score_all)
+from streams.runtime.spec import Emit, Input, Record, Setting, StageSpec, StateTable, State, Step
 
 HOSTS = "hosts"
 NUMBER = (int, float)
@@ -128,6 +128,7 @@ def _round(turn: list[tuple[str, Record]], hosts: dict[str, HostHealth], durable
     return rows
 
 
+SETTING = Setting("health", HealthConfig, "health score weights and scales")
 STAGE = StageSpec(
     name="health",
     description="hard gates and weighted penalties per GPU and node -> 0-100 scores with reasons, on change and "
@@ -136,7 +137,8 @@ STAGE = StageSpec(
                               Input(STRAGGLERS, "standing"), Input(HEALTH_STRAGGLERS, "straggler", check_straggler)),
                 step),),
     outputs=(HEALTH, HEALTH_STRAGGLERS),
-    tables=(Table(HOSTS, "per-host GPU EWMAs, counter baselines, gates, fault history, straggler flags, last rows",
+    tables=(StateTable(HOSTS, "per-host GPU EWMAs, counter baselines, gates, fault history, straggler flags, last rows",
                   live=HostHealth),),
-    config=health_config,
+    config=SETTING.of,
+    settings=(SETTING,),
 )

@@ -32,11 +32,6 @@ class BreakerConfig(BaseModel):
     busbw_kept: int = Field(default=256, ge=1, description="recent validation bus bandwidths the median covers")
 
 
-def breaker_config(settings: object | None) -> BreakerConfig:
-    value = getattr(settings, "breaker", None)
-    return value if isinstance(value, BreakerConfig) else BreakerConfig()
-
-
 def cap(nodes: int, cfg: BreakerConfig) -> int:
     """Drains admitted per window: P% of the known nodes, at least min_cap, and no more than max_nodes."""
     share = max(cfg.min_cap, math.floor(nodes * cfg.max_share_pct / 100.0))

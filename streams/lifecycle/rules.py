@@ -74,11 +74,6 @@ class LifecycleConfig(BaseModel):
         "own minute; raise it where event time runs ahead of the worker (a replay: evaluations use 120 s)"))
 
 
-def lifecycle_config(settings: object | None) -> LifecycleConfig:
-    value = getattr(settings, "lifecycle", None)
-    return value if isinstance(value, LifecycleConfig) else LifecycleConfig()
-
-
 @dataclass
 class Node:
     """One node's durable lifecycle record (the changelog value)."""

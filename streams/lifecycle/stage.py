@@ -30,17 +30,17 @@ from schemas.topics import (
 from streams.lifecycle import rules as lc
 from schemas.analytics import Alert
 from streams.lifecycle.breaker import (
-    Breaker, BreakerConfig, Verdict, add_busbw, answer, breaker_config, count_once, decide, reset,
+    Breaker, BreakerConfig, Verdict, add_busbw, answer, count_once, decide, reset,
 )
 from streams.lifecycle.cost import drain_cost
 from streams.lifecycle.domains import Incident, domain_of
 from streams.lifecycle.usable_compute import (
     add_change, changed, fleet_usable, fold, known_nodes, minutes_due, node_share,
 )
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
+from streams.runtime.spec import Emit, Input, Record, Setting, StageSpec, StateTable, State, Step, stage_logger
 
 NODES, FLEET = "nodes", "fleet"
-log = logging.getLogger("fleetpulse.streams.lifecycle")
+log = stage_logger("lifecycle")
 FLEET_KEY = b"fleet"
 HANDLERS = {"health": lc.on_health, "fault": lc.on_fault, "result": lc.on_result, "decision": lc.on_decision}
 FLEET_KINDS = ("drain", "busbw", "share", "job", "tick", "close", "reset", "back")
@@ -57,8 +57,12 @@ class LifecycleStageConfig:
     breaker: BreakerConfig
 
 
+NODE_SETTING = Setting("lifecycle", lc.LifecycleConfig, "node state machine timings")
+BREAKER_SETTING = Setting("breaker", BreakerConfig, "drain circuit breaker")
+
+
 def config(settings) -> LifecycleStageConfig:
-    return LifecycleStageConfig(lc.lifecycle_config(settings), breaker_config(settings))
+    return LifecycleStageConfig(NODE_SETTING.of(settings), BREAKER_SETTING.of(settings))
 
 
 def _check(value: object, kind: str) -> dict:
@@ -222,7 +226,7 @@ def fleet_step(records: Sequence[Record], state: State, cfg: LifecycleStageConfi
             touched = True
             why = f"circuit breaker reset by {rec.get('by', '?')} ({'closed' if alert else 'was closed'})"
             if alert is None:
-                log.warning("[lifecycle] %s", why)
+                log.warning("%s", why)
             else:
                 out.append(Emit(ALERTS, FLEET_KEY, encode(alert), why, logging.WARNING))
     if touched:
@@ -285,8 +289,9 @@ STAGE = StageSpec(
            Step("fleet", (Input(LIFECYCLE_FLEET, "fleet", check_fleet),), fleet_step,
                 batch_within_s=lambda cfg: cfg.node.batch_within_s)),
     outputs=(NODE_STATE, DRAIN, ALERTS, USABLE, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET),
-    tables=(Table(NODES, "per-node lifecycle record (by host)"),
-            Table(FLEET, "breaker, decisions, usable-compute shares (one key space)", partitions=1)),
+    tables=(StateTable(NODES, "per-node lifecycle record (by host)"),
+            StateTable(FLEET, "breaker, decisions, usable-compute shares (one key space)", partitions=1)),
     config=config,
+    settings=(NODE_SETTING, BREAKER_SETTING),
     worker="decisions",  # a fault -> proposal -> breaker -> drain chain that never queues behind samples
 )

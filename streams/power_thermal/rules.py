@@ -98,7 +98,7 @@ SEVERITY = {"info": 0, "warning": 1, "critical": 2, "page": 3}
 
 
 @dataclass(frozen=True)
-class Config:
+class GpuRuleConfig:
     rules: tuple[Rule, ...] = DEFAULT_RULES
     max_gap_s: float = 120.0  # a pending or resolving timer restarts after this long without a known reading
     rack_budgets_w: Mapping[str, float] = field(default_factory=dict)  # racks to forward power reports for
@@ -166,7 +166,9 @@ class RackReport:
 
 
 @dataclass
-class Evaluation:
+class Judged:
+    """What evaluate() made of a batch of samples: alerts to send, subjects whose state changed, rack reports."""
+
     alerts: list[Alert]
     state: dict[str, SubjectState]  # only the subjects that changed
     rack_reports: list[RackReport]
@@ -208,7 +210,8 @@ def _rule_arrays(rule: Rule, m: np.ndarray, throttle: np.ndarray):
         return value, threshold, below, value >= threshold, value < below, known
 
 
-def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config: Config = Config()) -> Evaluation:
+def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState],
+             config: GpuRuleConfig = GpuRuleConfig()) -> Judged:
     """Apply a batch of checked host samples to prior per-host state; returns alerts, changed state, rack reports."""
     rows, row_sample, row_gpu, row_host, reports = [], [], [], [], []
     wm = {h: s.wm for h, s in state.items()}
@@ -266,7 +269,7 @@ def evaluate(samples: Sequence[dict], state: Mapping[str, SubjectState], config:
         if cur is not None and (host in new or cur.alerts) and w > cur.wm:
             new[host] = replace(cur, wm=w)
     severity_of = {rule.alertname: rule.severity for rule in config.rules}
-    return Evaluation(_incidents(alerts, state, new, severity_of), new, reports)
+    return Judged(_incidents(alerts, state, new, severity_of), new, reports)
 
 
 def event_order(a: Alert) -> tuple:

@@ -13,22 +13,22 @@ from schemas.analytics import Alert
 from schemas.codec import encode
 from schemas.topics import ALERTS, RACK_POWER, SAMPLES
 from streams.power_thermal.racks import RackConfig, RackState, evaluate_racks
-from streams.power_thermal.rules import Config, RackReport, SubjectState, evaluate
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
+from streams.power_thermal.rules import GpuRuleConfig, RackReport, SubjectState, evaluate
+from streams.runtime.spec import Emit, Input, Record, StageSpec, StateTable, State, Step
 
 HOSTS, RACKS = "hosts", "racks"
 
 
 @dataclass(frozen=True)
 class PowerThermalConfig:
-    hosts: Config
+    hosts: GpuRuleConfig
     racks: RackConfig
 
 
 def config(settings) -> PowerThermalConfig:
     """Rack budgets from FLEETPULSE_RACK_BUDGETS_W / _RACK_INVENTORY_FILE; none means no rack power reports."""
     budgets = settings.rack_budgets()
-    return PowerThermalConfig(Config(rack_budgets_w=budgets), RackConfig(budgets_w=budgets))
+    return PowerThermalConfig(GpuRuleConfig(rack_budgets_w=budgets), RackConfig(budgets_w=budgets))
 
 
 def check_report(value) -> RackReport:
@@ -72,7 +72,7 @@ STAGE = StageSpec(
     description="per-GPU limits, throttle bits and rack budgets -> fire/resolve alerts",
     steps=(Step("telemetry", (Input(SAMPLES, "sample"), Input(RACK_POWER, "rack_report", check_report)), step),),
     outputs=(ALERTS, RACK_POWER),
-    tables=(Table(HOSTS, "per-host GPU alert state (keyed by host, like the samples)"),
-            Table(RACKS, "per-rack host power and rack alert state (keyed by rack)")),
+    tables=(StateTable(HOSTS, "per-host GPU alert state (keyed by host, like the samples)"),
+            StateTable(RACKS, "per-rack host power and rack alert state (keyed by rack)")),
     config=config,
 )

@@ -42,7 +42,7 @@ class Wired:
     metrics: StageMetrics
     log: logging.LoggerAdapter
     memo: dict[str, Any] = field(default_factory=dict)  # the step's in-memory scratch (State.memo)
-    live: dict[str, type] = field(default_factory=dict)  # table -> the class its values live as (Table.live)
+    live: dict[str, type] = field(default_factory=dict)  # table -> the class its values live as (StateTable.live)
     durable: dict[tuple[str, str], bytes] = field(default_factory=dict)  # a live key's last changelog JSON
 
 

@@ -23,7 +23,7 @@ class Input:
 
 
 @dataclass(frozen=True)
-class Table:
+class StateTable:
     """Keyed state of a stage: a faust table `<stage>-<name>` in memory, recovered from its Kafka changelog."""
 
     name: str
@@ -88,6 +88,18 @@ class State(Protocol):
 StepFn = Callable[[Sequence[Record], State, Any], list[Emit]]
 
 
+def stage_logger(name: str) -> logging.LoggerAdapter:
+    """A logger whose records carry the stage's registry name (`stage` field, and a prefix in plain text): the one
+    the runtime logs a stage's outputs and refusals with, and a stage's own for what else it has to say."""
+
+    class _Adapter(logging.LoggerAdapter):
+        def process(self, msg, kwargs):
+            kwargs.setdefault("extra", {})["stage"] = name
+            return f"[{name}] {msg}", kwargs
+
+    return _Adapter(logging.getLogger(f"fleetpulse.streams.{name}"), {"stage": name})
+
+
 def _no_window(config: Any) -> float | None:
     return None
 
@@ -103,6 +115,22 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A block of rule parameters a stage owns: the worker's setting `name` (FLEETPULSE_<NAME>, one JSON object),
+    checked by `model`, whose defaults apply where it is unset. The worker's settings are made of the stages'
+    (streams/settings.py), so a stage brings its settings with it."""
+
+    name: str
+    model: type
+    help: str
+
+    def of(self, settings: Any) -> Any:
+        """This block of the worker's settings, or the model's defaults (no settings, or settings without it)."""
+        value = getattr(settings, self.name, None)
+        return value if isinstance(value, self.model) else self.model()
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """A stage: its stable name (config key, metric label, log field) and what it is made of. Most stages have one
     step; one whose parts must not wait for each other (a per-node step and one fleet-wide step) has several."""
@@ -111,8 +139,9 @@ class StageSpec:
     description: str
     steps: tuple[Step, ...]
     outputs: tuple[Target, ...]  # each input's dead-letter topic is an output too
-    tables: tuple[Table, ...]  # shared by the stage's steps
+    tables: tuple[StateTable, ...]  # shared by the stage's steps
     config: Callable[[Any], Any]  # StreamsSettings -> the stage's rule parameters
+    settings: tuple[Setting, ...] = ()  # the settings blocks it owns (config reads them with Setting.of)
     # The worker process it runs in (one consumer group each): a stage whose outputs must not queue behind a burst
     # of telemetry runs in a worker of its own (streams/registry.py WORKERS).
     worker: str = "telemetry"

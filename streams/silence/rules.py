@@ -88,11 +88,6 @@ class SilenceConfig(BaseModel):
         return self
 
 
-def silence_config(settings: object | None) -> SilenceConfig:
-    value = getattr(settings, "silence", None)
-    return value if isinstance(value, SilenceConfig) else SilenceConfig()
-
-
 @dataclass
 class HostView:
     """One host as the fleet step knows it (the changelog value of table `hosts`)."""

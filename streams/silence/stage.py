@@ -26,8 +26,8 @@ import orjson
 from core.errors import DecodeError
 from schemas.codec import encode
 from schemas.topics import AGENT, ALERTS, FAULTS, NCCL, NODE_STATE, SAMPLES, SILENCE_FLEET
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
-from streams.silence.rules import FleetClock, HostView, SilenceConfig, judge, merge, silence_config
+from streams.runtime.spec import Emit, Input, Record, Setting, StageSpec, StateTable, State, Step
+from streams.silence.rules import FleetClock, HostView, SilenceConfig, judge, merge
 
 HOSTS, FLEET = "hosts", "fleet"
 SEEN_FIELDS = {"host": (str,), "alive_ts": (int, float), "sample_ts": (int, float), "rack": (str,), "source": (str,),
@@ -209,6 +209,7 @@ def _forget(views: dict[str, HostView], jobs: dict[str, dict], clock: float, sta
             state.delete(FLEET, f"job:{job}")
 
 
+SETTING = Setting("silence", SilenceConfig, "host silence, broken monitors, job stalls")
 STAGE = StageSpec(
     name="silence",
     description="silent hosts (fault, or one rack/fleet alert), broken monitors and stalled jobs: no drain for the "
@@ -218,8 +219,9 @@ STAGE = StageSpec(
            Step("nccl", (Input(NCCL, "nccl"),), jobs_step),
            Step("silence", (Input(SILENCE_FLEET, "fleet", check_fleet),), fleet_step)),
     outputs=(FAULTS, ALERTS, SILENCE_FLEET),
-    tables=(Table(HOSTS, "each host's last sign of life, flags and judgement (by host)", partitions=1,
+    tables=(StateTable(HOSTS, "each host's last sign of life, flags and judgement (by host)", partitions=1,
                   live=HostView),
-            Table(FLEET, "the fleet clock, open rack/fleet alerts, each job's last collective", partitions=1)),
-    config=silence_config,
+            StateTable(FLEET, "the fleet clock, open rack/fleet alerts, each job's last collective", partitions=1)),
+    config=SETTING.of,
+    settings=(SETTING,),
 )

@@ -15,7 +15,7 @@ MAD_TO_SIGMA = 1.4826  # = 1 / 0.6745
 MEAN_AD_TO_SIGMA = 1.253314
 
 
-class Config(BaseModel):
+class ScoringConfig(BaseModel):
     """Method and defaults, with their sources (shared/reference/ALGORITHMS.md); FLEETPULSE_STRAGGLERS='{...}'.
 
     - Step time cannot name the straggler in a synchronous job (§0.1); per-rank compute before each collective can,
@@ -67,7 +67,7 @@ class Config(BaseModel):
     max_emit: int = Field(default=64, ge=1, description="flagged ranks published per job and window, slowest first")
 
     @model_validator(mode="after")
-    def _k_of_n(self) -> Config:
+    def _k_of_n(self) -> ScoringConfig:
         if self.k > self.n:
             raise ValueError(f"k ({self.k}) must not exceed n ({self.n})")
         if self.clear_after > self.n:
@@ -105,7 +105,7 @@ def robust_z(x: np.ndarray, floor_frac: float) -> tuple[np.ndarray, float, float
     return (x - med) / sigma, med, sigma / MAD_TO_SIGMA
 
 
-def score(acc: Window, cfg: Config) -> Scores | None:
+def score(acc: Window, cfg: ScoringConfig) -> Scores | None:
     """Scores of one closed window, or None when too few ranks have enough timings to compare."""
     compute = acc.records > 0 and acc.with_compute >= cfg.compute_share * acc.records
     n, total = (acc.n_c, acc.sum_c) if compute else (acc.n_l, acc.sum_l)
@@ -130,7 +130,7 @@ def score(acc: Window, cfg: Config) -> Scores | None:
                   n.astype(np.int64), transfer, ref)
 
 
-def advance(state: JobState | None, job: str, batch: Batch, cfg: Config = Config()):
+def advance(state: JobState | None, job: str, batch: Batch, cfg: ScoringConfig = ScoringConfig()):
     """Apply one batch of a job's timings; returns (state, scores to publish, (duplicates, late) dropped).
 
     Published: every flagged rank in every window it stays flagged, and one flagged=False when a flag clears.
@@ -158,7 +158,7 @@ def advance(state: JobState | None, job: str, batch: Batch, cfg: Config = Config
     return state, out, dropped
 
 
-def persist(state: JobState, s: Scores, start: float, end: float, cfg: Config) -> list[StragglerScore]:
+def persist(state: JobState, s: Scores, start: float, end: float, cfg: ScoringConfig) -> list[StragglerScore]:
     """Shift each rank's K-of-N history by one window; return the scores this window publishes."""
     keep = np.uint16((1 << cfg.n) - 1)
     seen = np.isfinite(s.value)
@@ -198,7 +198,7 @@ def _dropped(state: JobState, r: int, why: str, now: float) -> StragglerScore:
 
 
 def _score(state: JobState, s: Scores, r: int, start: float, end: float, flagged: bool, n_flagged: int,
-           cfg: Config) -> StragglerScore:
+           cfg: ScoringConfig) -> StragglerScore:
     hits, seen = int(np.bitwise_count(state.hits[r])), int(np.bitwise_count(state.seen[r]))
     value, z, slow, job = (float(a[r]) for a in (s.value, s.z, s.slowdown_pct, s.job_slowdown_pct))
     known = math.isfinite(value)

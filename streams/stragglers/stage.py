@@ -26,9 +26,9 @@ import orjson
 
 from schemas.codec import encode
 from schemas.topics import NCCL, SAMPLES, STRAGGLERS, STRAGGLERS_BY_HOST
-from streams.runtime.spec import Emit, Input, Record, StageSpec, State, Step, Table
+from streams.runtime.spec import Emit, Input, Record, Setting, StageSpec, StateTable, State, Step
 from streams.stragglers.cause import CauseConfig, explain, material, update
-from streams.stragglers.scoring import Config, advance
+from streams.stragglers.scoring import ScoringConfig, advance
 from streams.stragglers.windows import Batch, JobState
 
 JOBS, GPUS, HELD = "jobs", "gpus", "held"
@@ -36,9 +36,9 @@ JOBS, GPUS, HELD = "jobs", "gpus", "held"
 
 @dataclass(frozen=True)
 class StragglerStageConfig:
-    """The scoring method (Config), the cause rules (CauseConfig) and how the stage keeps its state."""
+    """The scoring method (ScoringConfig), the cause rules (CauseConfig) and how the stage keeps its state."""
 
-    scoring: Config = field(default_factory=Config)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
     cause: CauseConfig = field(default_factory=CauseConfig)
     checkpoint_s: float = 10.0  # event-time seconds between checkpoints of a job's open window (0: every batch)
     job_ttl_s: float = 1800.0  # a job without timings for this long (event time) is dropped
@@ -46,9 +46,11 @@ class StragglerStageConfig:
     catch_up_s: float = 5.0  # how far past a window's end samples go before a held score is published anyway
 
 
+SETTING = Setting("stragglers", ScoringConfig, "straggler scoring: windows, thresholds, K-of-N persistence")
+
+
 def stage_config(settings: object | None) -> StragglerStageConfig:
-    scoring = getattr(settings, "stragglers", None)
-    return StragglerStageConfig(scoring=scoring if isinstance(scoring, Config) else Config())
+    return StragglerStageConfig(scoring=SETTING.of(settings))
 
 
 def check_candidate(value: object) -> dict:
@@ -166,9 +168,10 @@ STAGE = StageSpec(
            Step("telemetry", (Input(SAMPLES, "sample"), Input(STRAGGLERS_BY_HOST, "score", check_candidate)),
                 attribute_step)),
     outputs=(STRAGGLERS, STRAGGLERS_BY_HOST),
-    tables=(Table(JOBS, "per-job window sums and K-of-N history", partitions=NCCL.partitions, live=JobState),
-            Table(GPUS, "per-host compact GPU condition", partitions=SAMPLES.partitions),
-            Table(HELD, "scores waiting for their host's samples to pass the window end",
+    tables=(StateTable(JOBS, "per-job window sums and K-of-N history", partitions=NCCL.partitions, live=JobState),
+            StateTable(GPUS, "per-host compact GPU condition", partitions=SAMPLES.partitions),
+            StateTable(HELD, "scores waiting for their host's samples to pass the window end",
                   partitions=SAMPLES.partitions)),
     config=stage_config,
+    settings=(SETTING,),
 )

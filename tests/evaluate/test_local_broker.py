@@ -10,7 +10,7 @@ import pytest
 from core.settings import CommonSettings, load
 from fleetpulse.broker import LocalKafka
 from fleetpulse.evaluate.plan import plan_from
-from fleetpulse.evaluate.runner import Evaluation, Progress
+from fleetpulse.evaluate.evaluation import Evaluation, Progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import pytest
 from fleetpulse import report
 from fleetpulse.query import query
 from fleetpulse.evaluate.plan import plan_from
-from fleetpulse.evaluate.runner import Evaluation, Progress
+from fleetpulse.evaluate.evaluation import Evaluation, Progress
 from core.settings import CommonSettings, load
 from tests.conftest import drop_database
 

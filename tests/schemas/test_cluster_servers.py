@@ -25,7 +25,7 @@ from fleetpulse.report import build
 from schemas.ddl import statements
 from schemas.layout import Layout
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 from tests.conftest import free_ports
 from tests.schemas.cluster_emulation import as_one_node

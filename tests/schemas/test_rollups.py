@@ -21,7 +21,7 @@ GPU_TABLE = TABLES["gpu_samples"]
 def records() -> list[dict]:
     """Four simulated hosts for 200 s; one GPU's volatile SBE count rises every 7 s and is reset at step 130 (a driver
     reload), another's throttle reasons flip on for a while."""
-    from agents.simulator.runner import FleetSimulator
+    from agents.simulator.simulate import FleetSimulator
 
     sim = FleetSimulator(4, seed=3, start_ts=START, nccl_interval=0)
     out = []

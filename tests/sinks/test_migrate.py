@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.simulate import FleetSimulator
 from core.clickhouse import connect
 from core.errors import StoreError
 from core.settings import CommonSettings
 from schemas.tables import TABLES
 from schemas.topics import SAMPLES
 from sinks import migrate, store
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 
 V1 = Path(__file__).with_name("data") / "gpu_samples_v1.sql"  # `fleetpulse ddl` of gpu_samples before 2026-12-02

@@ -16,7 +16,7 @@ from core.errors import StoreError
 from fleetpulse.query import ask_owner
 from core.settings import load
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 from tests.sinks.test_sink_end_to_end import produce, sample
 

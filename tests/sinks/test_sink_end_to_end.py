@@ -26,7 +26,7 @@ from core.clickhouse import connect
 from sinks import store
 from sinks.batch import Batch
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 from tests.streams.test_worker_integration import read_all
 

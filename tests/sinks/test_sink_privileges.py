@@ -17,7 +17,7 @@ from core.errors import StoreError
 from core.settings import load
 from sinks import store
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 from tests.conftest import free_ports
 from tests.sinks.test_sink_end_to_end import produce, sample, sink_until

@@ -23,7 +23,7 @@ from schemas.provision import ensure_topics
 from schemas.topics import XID
 from sinks import store
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 from tests.conftest import free_ports
 from tests.streams.helpers import until

@@ -16,7 +16,7 @@ import orjson
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.simulate import FleetSimulator
 from schemas.codec import encode
 from schemas.topics import NCCL, SAMPLES, XID
 from streams import registry

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from schemas.analytics import Alert
 from schemas.topics import SAMPLES
 from streams.power_thermal.rules import (
-    HW_SLOWDOWN, HW_THERMAL, INCIDENT, SW_POWER_CAP, Config, SubjectState, evaluate, fingerprint,
+    HW_SLOWDOWN, HW_THERMAL, INCIDENT, SW_POWER_CAP, GpuRuleConfig, SubjectState, evaluate, fingerprint,
 )
 from tests.streams.helpers import gpu, sample, temps_series
 
 
-def run(samples, *, batch: int = 1, state=None, config: Config = Config(), via_json: bool = False):
+def run(samples, *, batch: int = 1, state=None, config: GpuRuleConfig = GpuRuleConfig(), via_json: bool = False):
     """Feed samples in batches of `batch`, carrying state like the stage does; returns (alerts, state)."""
     state = dict(state or {})
     alerts: list[Alert] = []

@@ -16,7 +16,7 @@ from streams.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.power_thermal import stage as pt
 from streams.power_thermal.racks import RackConfig
-from streams.power_thermal.rules import Config
+from streams.power_thermal.rules import GpuRuleConfig
 from streams.runtime.lane import Wired, run_step
 from streams.runtime.spec import Record
 from streams.runtime.state import StepState
@@ -25,7 +25,7 @@ from tests.streams.helpers import drain_changelog, gpu, put_on, sample, temps_se
 
 PREFIX = "unit."
 SAMPLES_TOPIC, RACKS_TOPIC = PREFIX + SAMPLES.name, f"{PREFIX}fleetpulse-streams-{RACK_POWER.name}"
-CFG = pt.PowerThermalConfig(Config(rack_budgets_w={"r1": 3_000.0}), RackConfig(budgets_w={"r1": 3_000.0}))
+CFG = pt.PowerThermalConfig(GpuRuleConfig(rack_budgets_w={"r1": 3_000.0}), RackConfig(budgets_w={"r1": 3_000.0}))
 
 
 def records(samples: list[dict], partition: int = 3) -> list[Record]:

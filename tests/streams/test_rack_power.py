@@ -6,7 +6,7 @@ import orjson
 
 from schemas.topics import SAMPLES
 from schemas.analytics import fingerprint
-from streams.power_thermal.rules import Config, evaluate
+from streams.power_thermal.rules import GpuRuleConfig, evaluate
 from streams.power_thermal.racks import RackConfig, RackState, evaluate_racks
 from tests.streams.helpers import gpu, sample
 
@@ -22,7 +22,7 @@ def host_samples(host: str, watts: list[float | None], *, rack: str = "r1", t0: 
 def run(samples, *, budgets=BUDGETS, state=None):
     """Samples -> host stage (rack reports) -> rack stage, like the two faust stages; returns (alerts, state)."""
     result = evaluate([SAMPLES.check(s) for s in sorted(samples, key=lambda s: s["ts"])], {},
-                      Config(rack_budgets_w=budgets))
+                      GpuRuleConfig(rack_budgets_w=budgets))
     reports = result.rack_reports
     alerts, changed = evaluate_racks(reports, state or {}, RackConfig(budgets_w=budgets))
     return alerts, {**(state or {}), **changed}
@@ -34,7 +34,7 @@ def named(alerts, name):
 
 def test_no_budgets_means_no_rack_reports_and_no_rack_alerts():
     samples = host_samples("h1", [700.0] * 20) + host_samples("h2", [700.0] * 20)
-    assert evaluate([SAMPLES.check(s) for s in samples], {}, Config()).rack_reports == []
+    assert evaluate([SAMPLES.check(s) for s in samples], {}, GpuRuleConfig()).rack_reports == []
     alerts, _ = run(samples, budgets={"other": 1.0})
     assert alerts == []
 

@@ -13,7 +13,7 @@ import pytest
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from agents.simulator.runner import FleetSimulator, simulate
+from agents.simulator.simulate import FleetSimulator, simulate
 from schemas.provision import ensure_topics
 from core.settings import CommonSettings, load
 from schemas.analytics import StragglerScore

@@ -17,10 +17,10 @@ from schemas.topics import NCCL
 from streams.settings import streams_settings
 from streams.stragglers.stage import stage_config
 from streams.stragglers.windows import NS_PER_US, Batch, JobState, Window, _arr, _b64
-from streams.stragglers.scoring import Config, advance, persist, robust_z, score
+from streams.stragglers.scoring import ScoringConfig, advance, persist, robust_z, score
 
 T0 = 1_700_000_000.0 + 3.0  # 3 s past a 10 s window boundary
-CFG = Config()
+CFG = ScoringConfig()
 
 
 def sim_job(hosts: int, seed: int):
@@ -68,7 +68,7 @@ def synth(world: int, seconds: int, *, cv: float = 0.015, seed: int = 0, slow: d
                     [f"h{r // 8:03d}" for r in rank[j].tolist()])
 
 
-def run_batches(batches, cfg: Config = CFG, state=None):
+def run_batches(batches, cfg: ScoringConfig = CFG, state=None):
     out = []
     for b in batches:
         state, scores, _ = advance(state, "job-0000", b, cfg)
@@ -76,11 +76,11 @@ def run_batches(batches, cfg: Config = CFG, state=None):
     return out, state
 
 
-def run_records(records: list[dict], batch: int = 500, cfg: Config = CFG, state=None):
+def run_records(records: list[dict], batch: int = 500, cfg: ScoringConfig = CFG, state=None):
     return run_batches((Batch.of(records[i:i + batch]) for i in range(0, len(records), batch)), cfg, state)
 
 
-def first_flag(scores, rank: int, onset_s: float, cfg: Config = CFG) -> float | None:
+def first_flag(scores, rank: int, onset_s: float, cfg: ScoringConfig = CFG) -> float | None:
     """Seconds from onset until the flag can be published (window end + grace), or None."""
     hits = [s.window_end + cfg.grace_s - (T0 + onset_s) for s in scores if s.flagged and s.rank == rank]
     return min(hits) if hits else None
@@ -273,7 +273,7 @@ def test_windows_of_another_length_restart_the_job_history():
     before, state = run_records(records[:760])
     assert state.flagged[3] and state.window_s == CFG.window_s
     flagged = state.flagged.copy()
-    longer = Config(window_s=30, k=3, n=5, clear_after=2)
+    longer = ScoringConfig(window_s=30, k=3, n=5, clear_after=2)
     state, scores, _ = advance(state, "job-0000", Batch.of(records[760:]), longer)
     assert state.window_s == 30 and state.scored <= 1
     cleared = [s for s in scores if "history is dropped" in s.reasons[0]]  # whoever saw a flag sees it cleared

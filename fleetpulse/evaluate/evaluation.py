@@ -25,14 +25,14 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.publisher import Publisher
-from agents.simulator.runner import FleetSimulator
+from agents.simulator.simulate import FleetSimulator
 from agents.simulator.scenario import Scenario
 from fleetpulse import breaker_cli
 from fleetpulse.broker import ensure_broker, local_broker
 from fleetpulse.clickhouse_server import LocalClickHouse, ensure_clickhouse
 from core.errors import FleetpulseError
 from fleetpulse.evaluate import collect
-from fleetpulse.evaluate.bot import BotConfig, SimulatedBot
+from fleetpulse.evaluate.bot import SimulatedBotConfig, SimulatedBot
 from core.kafka_admin import delete_prefixed
 from schemas.provision import ensure_topics
 from fleetpulse.lag import OffsetWatch
@@ -42,7 +42,7 @@ from schemas.codec import decode
 from schemas.tables import TABLE_BY_TOPIC
 from schemas.topics import AGENT, DRAIN, HOST_EVENTS, NCCL, NET, REMEDIATION, SAMPLES, TOPICS, TRUTH, XID
 from sinks.cli import run_sink
-from sinks.runner import ClickHouseSink
+from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
 
 
@@ -64,7 +64,7 @@ class Plan:
     keep_broker: bool = False  # a local broker this run started is stopped at its end, unless kept
     keep_store: bool = False  # the same for the local ClickHouse server
     streams_env: dict[str, str] = field(default_factory=dict)  # FLEETPULSE_* for the worker (rule parameters)
-    bot: BotConfig = field(default_factory=BotConfig)
+    bot: SimulatedBotConfig = field(default_factory=SimulatedBotConfig)
 
     def lag_limit(self, tick_records: int) -> int:
         """The next tick goes out once the worker is through most of the last one: its XID lines then meet a
