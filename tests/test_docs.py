@@ -1,10 +1,12 @@
 """The docs against the code: docs/settings.md and docs/commands.md are what `fleetpulse reference` writes from the
-settings classes and the commands' parsers (every setting and flag there, none that is not), and every setting and
-flag the README and the other docs name exists."""
+settings classes and the commands' parsers (every setting and flag there, none that is not), and every setting, flag,
+file and function the README and the other docs name exists."""
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +52,39 @@ def test_every_flag_a_doc_gives_a_command_exists(doc):
         wrong += [f"fleetpulse {cmd} {f}" for f in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest)
                   if f not in flags[cmd]]
     assert not wrong, f"{doc.name} gives flags the commands do not take: {sorted(set(wrong))}"
+
+
+# A path in the tree, as the docs write them (`streams/runtime/lane.py`, streams/lifecycle/, bench/fleet_scale.py);
+# what the benches write under bench/results/ is not in a clean clone.
+PATH = re.compile(r"(?<![\w/.-])((?:agents|streams|sinks|schemas|bots|core|fleetpulse|tests|bench|deploy|docs|\.ci)"
+                  r"/[\w./-]*[\w/])")
+# A function or class in a module: `streams/runtime/lane.py: run_step`, `sinks/store.py: Store.insert`.
+DEFINED = re.compile(r"`([\w/]+\.py): ([A-Za-z_][\w.]*)`")
+
+
+def defined(module: Path, dotted: str) -> bool:
+    """Whether `dotted` (a name, or Class.member) is defined at the top of `module` (a def, class or assignment)."""
+    body = ast.parse(module.read_text()).body
+    for part in dotted.split("."):
+        found = None
+        for node in body:
+            names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else
+                     [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)])
+            if part in names:
+                found = node
+                break
+        if found is None:
+            return False
+        body = getattr(found, "body", [])
+    return True
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_file_and_function_a_doc_names_exists(doc):
+    text = doc.read_text()
+    missing = sorted({p for p in PATH.findall(text)
+                      if not p.startswith("bench/results/") and not (REPO / p.rstrip("/")).exists()})
+    assert not missing, f"{doc.name} names files that are not in the tree: {missing}"
+    undefined = sorted({f"{path}: {name}" for path, name in DEFINED.findall(text)
+                        if not (REPO / path).is_file() or not defined(REPO / path, name)})
+    assert not undefined, f"{doc.name} names functions or classes its module does not define: {undefined}"
