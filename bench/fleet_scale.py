@@ -332,7 +332,8 @@ def main() -> None:
     p.add_argument("--stop-sink-at", type=float, metavar="MIN", help="SIGSTOP the sink this many minutes in ...")
     p.add_argument("--stop-sink-for", type=float, default=180.0, metavar="S", help="... for this long (default 180 s), "
                    "and say when PipelineLagging fired and resolved")
-    p.add_argument("--port", type=int, default=41092, help="first of the run's ports (broker; the rest above it)")
+    p.add_argument("--port", type=int, default=12092, help="first of the run's ports (broker; the rest above it): "
+                   "below the kernel's ephemeral range, where an outgoing connection may hold one")
     p.add_argument("--data", type=Path, default=Path("/tmp/fleetpulse-fleet-scale"),
                    help="the run's data directory (emptied first by `up`)")
     p.add_argument("--out", type=Path, default=Path("bench/results/fleet_scale.json"))
