@@ -20,9 +20,16 @@ RETENTION_DAYS = {"telemetry": 30, "scores": 90, "events": 365, "rollup": 730}
 ONE_SERVER = Layout()
 
 
+# A part under this many uncompressed bytes is written compact (one file) rather than wide (a file and a write buffer
+# per column stream). ClickHouse's 10 MB makes each of the sink's gpu_samples inserts wide: 72 columns into
+# gpu_samples and 94 into each of its rollup views' parts, most of them Nullable (two streams), cost the server
+# ~940 MB per 40,000-GPU insert; compact, ~330 MB (bench/insert_memory.py). Parts merged past it are wide.
+WIDE_PART_BYTES = 128 << 20
+
+
 def table_settings(layout: Layout = ONE_SERVER) -> str:
     """Insert deduplication must be explicit: a one-server MergeTree only deduplicates with a window > 0."""
-    return f"{layout.dedup_setting()}, index_granularity = 8192"
+    return f"{layout.dedup_setting()}, index_granularity = 8192, min_bytes_for_wide_part = {WIDE_PART_BYTES}"
 
 
 def ingested_ddl(column: Column) -> str:

@@ -12,8 +12,8 @@ from clickhouse_connect.driver.client import Client
 from core.clickhouse import QueryLimits, connect, said, said_error, store_error
 from core.errors import StoreError
 from core.settings import CommonSettings
-from schemas.ddl import (WATERMARKS, days, expected_columns, normalise_codec, rollup_statements, table_statements,
-                         ttl_expression)
+from schemas.ddl import (WATERMARKS, WIDE_PART_BYTES, days, expected_columns, normalise_codec, rollup_statements,
+                         table_statements, ttl_expression)
 from schemas.json_intake import SETTINGS as JSON_INTAKE_SETTINGS, JsonIntake
 from schemas.layout import Layout
 from schemas.rollups import ROLLUPS
@@ -83,6 +83,10 @@ def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
             for sql in rollup.aggregates(database):
                 columns = [row[0] for row in client.query(f"DESCRIBE TABLE ({sql})").result_rows]
                 _command(client, rollup.backfill(database, sql, columns), f"filling {rollup.name} failed")
+    for table in _part_format_changes(client, shape):
+        log.info("parts of %s are now written compact up to %d MB", table, WIDE_PART_BYTES >> 20)
+        _command(client, f"ALTER TABLE {shape.local(table)}{shape.on} MODIFY SETTING min_bytes_for_wide_part = "
+                         f"{WIDE_PART_BYTES}", f"changing the part format of {table} failed")
     for table, ttl in _retention_changes(client, settings, shape):
         log.info("retention of %s is now %s", table, ttl)
         _command(client, f"ALTER TABLE {shape.local(table)}{shape.on} MODIFY TTL {ttl}",
@@ -134,6 +138,16 @@ def _retention_changes(client: Client, settings: CommonSettings, shape: Layout) 
     want |= {r.name: (r.time_column, days("rollup", settings.retention)) for r in ROLLUPS.values()}
     return [(name, ttl_expression(column, n)) for name, (column, n) in want.items()
             if name in live and live[name] != str(n)]
+
+
+def _part_format_changes(client: Client, shape: Layout) -> list[str]:
+    """The tables made before their parts were written compact up to WIDE_PART_BYTES (schemas/ddl.py)."""
+    rows = client.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
+                        parameters={"db": shape.database}).result_rows
+    want = f"min_bytes_for_wide_part = {WIDE_PART_BYTES}"
+    ours = set(TABLES) | set(ROLLUPS)
+    return sorted(kept for name, engine in rows
+                  if (kept := shape.kept(name)) in ours and "MergeTree" in engine and want not in engine)
 
 
 _TTL_DAYS = re.compile(r"\bTTL .*?toIntervalDay\((\d+)\)")
@@ -297,21 +311,22 @@ def insert(client: Client, table: str, column_names: list[str], rows: list[tuple
 
 
 def insert_lines(client: Client, table: str, intake: JsonIntake, lines: list[bytes], token: str, *,
-                 embedded: bool, max_partitions: int = 1000) -> None:
+                 embedded: bool, max_partitions: int = 1000) -> dict:
     """insert(), for a table whose rows the engine extracts from the records' JSON lines (schemas/json_intake.py): one
     INSERT ... SELECT, under the token, reading the lines from the request's body on a server, from a file the
-    embedded engine reads (removed after) on chdb."""
+    embedded engine reads (removed after) on chdb. Returns the server's summary of it (rows written, memory_usage);
+    empty on chdb."""
     settings = {**INSERT_SETTINGS, **JSON_INTAKE_SETTINGS, "insert_deduplication_token": token,
                 "max_partitions_per_insert_block": max_partitions}
     body = b"\n".join(lines)
     try:
         if not embedded:
-            client.command(intake.statement(table), data=body, settings=settings)
-            return
+            return client.command(intake.statement(table), data=body, settings=settings).summary
         with tempfile.NamedTemporaryFile(prefix="fleetpulse-lines-", suffix=".jsonl") as file:
             file.write(body)
             file.flush()
             client.command(intake.statement(table, file.name), settings={**settings, **EMBEDDED_PARSE_SETTINGS})
+            return {}
     except Exception as exc:
         raise store_error(exc, f"insert into {table} failed") from exc
 

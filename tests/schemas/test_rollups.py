@@ -184,6 +184,22 @@ def test_retention_set_in_the_settings_reaches_the_live_tables(db, clickhouse_ur
     assert "toIntervalDay(1095)" in ttl("rollup_gpu_1m") and "toIntervalDay(365)" in ttl("faults")
 
 
+def test_tables_made_with_wide_parts_get_compact_parts_at_the_next_start(db, clickhouse_url, clickhouse_database):
+    from schemas.ddl import WIDE_PART_BYTES
+
+    def compact(table: str) -> bool:
+        engine = db.query("SELECT engine_full FROM system.tables WHERE database = currentDatabase() AND name = "
+                          "{t:String}", parameters={"t": table}).result_rows[0][0]
+        return f"min_bytes_for_wide_part = {WIDE_PART_BYTES}" in engine
+
+    assert compact("gpu_samples") and compact("rollup_gpu_1m") and compact("faults")
+    for table in ("gpu_samples", "rollup_gpu_1m"):  # as a store made before the schemas set it
+        db.command(f"ALTER TABLE {table} RESET SETTING min_bytes_for_wide_part")
+        assert not compact(table)
+    store.apply_schema(db, CommonSettings(clickhouse_url=clickhouse_url, clickhouse_database=clickhouse_database))
+    assert compact("gpu_samples") and compact("rollup_gpu_1m")
+
+
 def test_a_rollup_made_by_another_version_is_reported_and_rebuilt_from_the_raw_rows(db, clickhouse_url,
                                                                                    clickhouse_database):
     from sinks import migrate
