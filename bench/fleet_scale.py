@@ -13,8 +13,10 @@ runs them) and every --every seconds reads:
 - the broker's and the store's bytes on disk;
 - the page's answer time over the run's data (`/api/outcomes` and a panel, the last 15 minutes).
 After the run: lag p50/p95/p99 per group, XID -> drain p50/p95/p99 (a drain request's Kafka time after the last XID
-line of its host), resident memory over the last three quarters (first, last, least-squares trend per hour and over the window, and
-the growth of its floor: the lowest of the last tenth against the lowest of the first), disk per hour and
+line of its host), resident memory over the last three quarters (first, last, least-squares trend per hour and over the window, the
+growth of its floor: the lowest of the last tenth against the lowest of the first, and of its peaks: the highest of
+the last quarter against the highest of the first; a process that swings, as a store merging, has a trend that
+depends on where the samples fall, and is flat when neither its floor nor its peaks rise), disk per hour and
 per day, `fleetpulse report`'s answer time over the whole run, and `up`'s sent = stored per stream. Both services are
 stopped at the end (the data directory stays, for a look: --data). --stop-sink-at MIN stops the sink (SIGSTOP) that
 many minutes in for --stop-sink-for seconds and says when the watch's PipelineLagging fired and resolved.
@@ -283,11 +285,14 @@ def summary(args, rounds: list[dict], up: dict, xid_to_drain: list[float], repor
             mbs = [m for _, m in rss]
             slope = statistics.linear_regression([t for t, _ in rss], mbs).slope
             tenth = max(1, len(mbs) // 10)  # a process that swings (a store merging) is judged by its floor too
+            quarter = max(1, len(mbs) // 4)  # ... and its peaks: the highest of the last quarter against the first
             memory[name] = {"rss_mb_first": first, "rss_mb_last": last, "rss_mb_min": min(mbs), "rss_mb_max": max(mbs),
                             "growth_pct": round(100 * (last - first) / max(first, 1e-9), 1),
                             # the least-squares trend over the window, as a share of its median
                             "trend_pct": round(100 * slope * (t1 - t0) / max(statistics.median(mbs), 1e-9), 1),
                             "floor_growth_pct": round(100 * (min(mbs[-tenth:]) / max(min(mbs[:tenth]), 1e-9) - 1), 1),
+                            "peak_growth_pct": round(100 * (max(mbs[-quarter:]) / max(max(mbs[:quarter]), 1e-9) - 1),
+                                                     1),
                             "mb_per_hour": round(slope * 3600, 1),
                             "cores_median": round(statistics.median(cores), 2)}
     samples_per_s = args.hosts / 10
