@@ -22,6 +22,7 @@ from schemas.codec import decode as json_decode
 from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
 from streams.metrics import MetricsRegistry, StageMetrics
+from streams.runtime.commit import commit
 from streams.runtime.delivery import abandon, acknowledge
 from streams.runtime.inbox import Inbox
 from streams.runtime.spec import Emit, Input, Record, StageSpec, Step, Target
@@ -250,32 +251,22 @@ class Lane:
         return await take
 
     async def _written(self, stepped: Stepped, changelog: list[Changelog], consumer) -> None:
-        """A stepped batch's outputs acknowledged, then its changelog records sent and acknowledged, then its records
-        acknowledged (committable); else, whatever failed, its records abandoned."""
+        """A stepped batch committed (streams/runtime/commit.py); else, whatever failed, its records abandoned."""
         try:
-            await asyncio.gather(*stepped.pending)
-            await self._write_state(stepped, changelog)
+            await commit(stepped, self.emitter, lambda: acknowledge(consumer, stepped.messages), changelog)
         except BaseException:
             abandon(consumer, stepped.messages)
             raise
-        acknowledge(consumer, stepped.messages)
+        self._observe(stepped)
 
     async def batch(self, messages: Sequence[Message]) -> None:
-        """Decode once, step every stage, send, await acks, then write state; the records are acknowledged after (by
-        the caller). Should the outputs fail, the state the batch moved goes back to its last durable value."""
+        """Decode once, step every stage, then commit the batch (streams/runtime/commit.py) but for its records' last
+        step: faust's agent stream acknowledges them as it moves past them, after this returns."""
         stepped = await self._step(messages)
-        try:
-            await asyncio.gather(*stepped.pending)  # outputs acknowledged before state is written
-        except BaseException:
-            # Outputs not all acknowledged: the records will be read again (delivery.abandon), so the state they moved
-            # goes back to its last durable value, as a restart would find it, or the stages would drop them as done.
-            stepped.roll_back()
-            raise
-        await self._write_state(stepped, stepped.flush())
+        await commit(stepped, self.emitter, lambda: None)
+        self._observe(stepped)
 
-    async def _write_state(self, stepped: Stepped, changelog: list[Changelog]) -> None:
-        sent = [await self.emitter.send(c.topic, c.key, c.value, partition=c.partition) for c in changelog]
-        await asyncio.gather(*sent)  # state durable before faust may commit these offsets
+    def _observe(self, stepped: Stepped) -> None:
         took = time.perf_counter() - stepped.started
         now = time.time()
         for w, _ in stepped.done:
