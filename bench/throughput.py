@@ -154,7 +154,7 @@ async def stream_worker(settings: CommonSettings, env: dict, topics: dict[str, i
     `broker_pid`: the local broker's process, whose cores over the same span are reported beside the workers' and
     those of the processes they started (the decisions worker): all share the machine's cores.
     """
-    from streams.app import app_id
+    from streams.groups import app_id
 
     env = {**env, "FLEETPULSE_STAGES": "" if stages == "all" else stages,
            "FLEETPULSE_STREAMS_COMMIT_INTERVAL_S": str(commit_interval_s)}

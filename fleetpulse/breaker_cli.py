@@ -30,7 +30,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def topics(prefix: str) -> tuple[str, str]:
     """The breaker's command topic and its state's changelog (see streams/lifecycle/stage.py)."""
-    from streams.app import app_id
+    from streams.groups import app_id
     from schemas.topics import LIFECYCLE_FLEET
 
     return LIFECYCLE_FLEET.full(app_id(prefix)), f"{app_id(prefix)}-lifecycle-fleet-changelog"
@@ -116,7 +116,7 @@ async def close_minutes(settings: CommonSettings, last_ts: float, wait: float = 
     the one holding it, which it would otherwise report only once later records arrive (streams/lifecycle/stage.py).
     Waits (up to `wait` s) until the lifecycle's worker has committed past the command, so its minutes are published.
     Returns the command's ts (the end of that minute)."""
-    from streams.app import group_id
+    from streams.groups import group_id
     from streams.registry import STAGES
 
     ts = (math.floor(last_ts / 60) + 1) * 60.0

@@ -246,7 +246,7 @@ class Stack:
         stages = [("sink", s.topic_prefix + "fleetpulse-sink",
                    [tb.topic.full(s.topic_prefix) for tb in TABLE_BY_TOPIC.values()], self.args.drain_timeout)]
         if "streams" in self.children:
-            from streams.app import worker_groups
+            from streams.groups import worker_groups
 
             for group, inputs in reversed(worker_groups(s.topic_prefix)):
                 stages.insert(0, ("streams", group, inputs, min(30.0, self.args.drain_timeout)))

@@ -39,7 +39,7 @@ from core.metrics import MetricSpec, own, shared
 from core.settings import CommonSettings, load
 from schemas.analytics import Alert, fingerprint
 from schemas.topics import ALERTS, INTERNAL, TOPICS
-from streams.app import APP_ID
+from streams.groups import APP_ID
 
 ALERTNAME = "PipelineLagging"
 log = logging.getLogger("fleetpulse.watch")

@@ -1,4 +1,5 @@
-"""How stages produce: raw bytes to a named topic through faust's producer, or into memory for tests and dry runs."""
+"""How stages produce: raw bytes to a named topic through the producer (streams/faust_adapter/producer.py), or into
+memory for tests and dry runs."""
 
 from __future__ import annotations
 
@@ -6,9 +7,6 @@ import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol
-
-import faust
-from faust.types import Message
 
 from schemas.dead_letter import dead_letter
 
@@ -20,20 +18,6 @@ class Emitter(Protocol):
                    partition: int | None = None) -> Awaitable:
         """Hand one record to the producer (to `partition`, else by key); the returned awaitable completes when the
         broker acknowledged it."""
-
-
-class TopicEmitter:
-    """The production emitter: the app's producer, given the stages' bytes as they are (no faust topic, serializer or
-    sensor on the way); the producer partitions by key, as faust's own sends do, unless the record names its
-    partition (a table's changelog record goes to the partition of the source record that set it)."""
-
-    def __init__(self, app: faust.App):
-        self.app = app
-
-    async def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None, *,
-                   partition: int | None = None) -> Awaitable:
-        producer = await self.app.maybe_start_producer()
-        return await producer.send(topic, key, value, partition, None, headers)
 
 
 @dataclass(frozen=True)
@@ -62,8 +46,9 @@ class MemoryEmitter:
         return [s for s in self.sent if s.topic == topic]
 
 
-async def send_dead_letter(emitter: Emitter, dlq_topic: str, msg: Message, reason: str, component: str) -> Awaitable:
-    """Route one refused record to its dead-letter topic with the reason, source topic, partition and offset."""
+async def send_dead_letter(emitter: Emitter, dlq_topic: str, msg, reason: str, component: str) -> Awaitable:
+    """Route one refused record (a fetched message: its topic, partition, offset, key and value) to its dead-letter
+    topic with the reason, source topic, partition and offset."""
     key, value, headers = dead_letter(msg.value, key=msg.key, reason=reason, topic=msg.topic,
                                       partition=msg.partition, offset=msg.offset, component=component)
     return await emitter.send(dlq_topic, key, value, headers)

@@ -14,7 +14,7 @@ from streams.silence import stage as silence
 from streams.runtime.spec import StageSpec
 
 
-# The worker processes, in start order; each is one faust app and consumer group (streams/app.py group_id). The
+# The worker processes, in start order; each is one faust app and consumer group (streams/groups.py group_id). The
 # decisions worker (lifecycle) reads what the telemetry worker writes; in a process of its own a fault's hops to a
 # drain request never wait behind a burst of samples (one consumer would hand it over only after the samples
 # fetched before it).

@@ -33,14 +33,14 @@ class WorkerSettings(CommonSettings):
                                              "worker) takes its partitions over; above any batch's processing time")
     streams_recovery_stall_s: float = Field(default=180.0, ge=5, le=3600, description="a table recovery that has "
                                             "records left and has received none for this long stops the worker "
-                                            "(exit 1) so its restart recovers afresh (streams/runtime/recovery.py); "
+                                            "(exit 1) so its restart recovers afresh (streams/faust_adapter/recovery.py); "
                                             "above faust's 90 s broker request timeout, which each of recovery's "
                                             "offset reads may take")
     streams_recovery_reread_s: float = Field(default=30.0, ge=1, le=3600, description="a table recovery that has "
                                              "records left and has received none for this long reads its stuck "
                                              "changelog partitions again from the record after the last applied "
                                              "one, once per stall, at most 3 times per recovery, before the stall "
-                                             "limit stops the worker (streams/runtime/recovery.py ReRead; at or "
+                                             "limit stops the worker (streams/faust_adapter/recovery.py ReRead; at or "
                                              "above FLEETPULSE_STREAMS_RECOVERY_STALL_S: never)")
     streams_changelog_segment_s: float = Field(default=600.0, ge=1, le=7 * 86_400, description="a table changelog's "
                                                "segment closes after this long, so the broker's log cleaner can "
@@ -56,7 +56,7 @@ class WorkerSettings(CommonSettings):
                                   "thousands of times a second: 2-3x the CPU per sample); 0 keeps Python's")
     streams_eager_delivery: bool = Field(default=True, description="hand each fetched record to the stages in the "
                                          "fetch loop's own task, falling back to faust's four tasks per record only "
-                                         "when the hand-over has to wait (streams/runtime/delivery.py): ~30 % less "
+                                         "when the hand-over has to wait (streams/faust_adapter/delivery.py): ~30 % less "
                                          "CPU; false: faust's own fetch loop")
     streams_direct_lanes: bool = Field(default=True, description="lanes take their records from the fetch loop in "
                                        "batches (streams/runtime/inbox.py), not one faust event at a time through "

@@ -156,7 +156,7 @@ class Evaluation:
         stop_sink = asyncio.Event()
         sink_task = asyncio.create_task(run_sink(sink, stop_sink))
         await self._start_worker()
-        from streams.app import worker_groups
+        from streams.groups import worker_groups
 
         stream_inputs = worker_groups(s.topic_prefix)  # per stream worker: its group and the topics it reads
         watch = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from streams.emit import Emitter
-from streams.state import Changelog
+from streams.faust_adapter.tables import Changelog
 
 if TYPE_CHECKING:
     from streams.runtime.lane import Stepped

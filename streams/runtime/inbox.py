@@ -2,7 +2,7 @@
 per-record path (an Event, a channel queue, a stream iterator and a take buffer for every record).
 
 faust keeps what it serves: group membership, assignment, offsets and their commits, tables and their changelogs.
-The fetch loop (streams/runtime/delivery.py) puts a record of a lane's input topic here instead of through the
+The fetch loop (streams/faust_adapter/delivery.py) puts a record of a lane's input topic here instead of through the
 conductor; the lane takes a batch, tracks its records as faust's streams do (so a rebalance waits for them), runs
 it, and acknowledges each record to faust's consumer, which commits what is acknowledged. After a rebalance the lane
 drops the records fetched under the group's previous generation (faust seeks its partitions to their committed

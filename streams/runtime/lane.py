@@ -13,9 +13,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import faust
-from faust.types import Message
-
 from core.errors import DecodeError
 from core.logs import LogBudget
 from schemas.codec import decode as json_decode
@@ -23,11 +20,11 @@ from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
 from streams.metrics import MetricsRegistry, StageMetrics
 from streams.runtime.commit import commit
-from streams.runtime.delivery import abandon, acknowledge
+from streams.faust_adapter.delivery import abandon, acknowledge, batches, dropped, this_assignment
 from streams.runtime.inbox import Inbox
 from streams.runtime.spec import Emit, Input, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
-from streams.state import Changelog
+from streams.faust_adapter.tables import Changelog
 
 log = logging.getLogger("fleetpulse.streams.runtime")
 
@@ -39,7 +36,7 @@ class Wired:
     spec: StageSpec
     step: Step
     config: Any
-    tables: dict[str, faust.Table]
+    tables: dict[str, Any]  # name -> the stage's table (streams/faust_adapter/tables.py)
     metrics: StageMetrics
     log: logging.LoggerAdapter
     memo: dict[str, Any] = field(default_factory=dict)  # the step's in-memory scratch (State.memo)
@@ -52,7 +49,7 @@ class Stepped:
     """A batch whose stages have stepped: its outputs handed to the producer (`pending`: their acknowledgements), each
     stage's state still to write."""
 
-    messages: Sequence[Message]
+    messages: Sequence[Any]  # the fetched records (faust's Message: topic, partition, offset, key, value, timestamp)
     pending: list[Awaitable]
     done: list[tuple[Wired, StepState]]
     started: float  # perf_counter when the batch was taken
@@ -104,7 +101,7 @@ class Lane:
         self.position: dict[tuple[str, int], int] = {}  # next offset to process, per input partition (for lag)
         self.refusals_log = LogBudget()  # every refusal counted (metrics); 20 log lines a minute
         self.inbox: Inbox | None = None  # set by take_direct(): records straight from the fetch loop
-        self.app: faust.App | None = None
+        self.app: Any = None  # the worker's app (streams/faust_adapter/app.py), once the lane takes from an inbox
         self._one_batch = asyncio.Lock()  # the inbox and the agent stream (tests) never run batches side by side
         for w in self.stages:
             for i in w.step.inputs:
@@ -135,8 +132,9 @@ class Lane:
     def target_name(self, t: Target) -> str:
         return t.full(self.app_id) if isinstance(t, InternalTopic) else t.full(self.prefix)
 
-    def take_direct(self, app: faust.App, maxsize: int) -> None:
-        """Take records from an inbox the fetch loop fills (streams/runtime/delivery.py), not through faust's stream."""
+    def take_direct(self, app: Any, maxsize: int) -> None:
+        """Take records from an inbox the fetch loop fills (streams/faust_adapter/delivery.py), not through faust's
+        stream."""
         self.app, self.inbox = app, Inbox(maxsize)
 
     async def run(self, stream) -> None:
@@ -177,17 +175,12 @@ class Lane:
             abandon(self.app.consumer, await self.inbox.take(self.batch_max, self.within_s))
 
     async def _from_stream(self, stream) -> None:
-        async for events in stream.take_events(self.batch_max, within=self.within_s):
-            messages = [e.message for e in events]
+        async for messages in batches(stream, self.batch_max, self.within_s):
             try:
                 async with self._one_batch:
-                    await self.batch(messages)  # faust acknowledges the events after this
+                    await self.batch(messages)  # faust acknowledges the records after this
             except BaseException:
-                consumer = getattr(getattr(stream, "app", None), "consumer", None)
-                if consumer is not None:
-                    abandon(consumer, messages)
-                for m in messages:
-                    m.acked = True  # faust acknowledges them on its way out: that must not count them done
+                dropped(stream, messages)
                 raise
 
     async def _from_inbox(self) -> None:
@@ -199,25 +192,13 @@ class Lane:
         order: a batch's changelog goes out only after its own outputs are acknowledged and the batch before it is
         written, and its records are acknowledged last. Should a batch's writing fail, the lane crashes and neither it
         nor the batch stepped after it is acknowledged: the next worker reads both again from the changelog's state."""
-        app = self.app
-        consumer = app.consumer
-        unacked = consumer.unacked
+        consumer = self.app.consumer
         writing: asyncio.Task | None = None  # the batch before: its outputs, changelog and acknowledgement
         try:
             while True:
-                taken = await self._take(writing)
-                if not app.flow_control.is_active():  # a rebalance is on: wait for its end, then see what it left us
-                    await app.flow_control.acquire()
-                # Fetched before a rebalance: faust fetches them again from the commit if the partition is still ours
-                # (faust's streams skip these too; streams/runtime/offsets.py re-reads a partition should faust not).
-                generation = app.consumer_generation_id
-                messages = [m for m in taken if m.generation_id == generation]
+                messages = await this_assignment(self.app, await self._take(writing))
                 if not messages:
                     continue
-                for m in messages:
-                    if not m.tracked:
-                        m.tracked = True
-                        unacked.add(m)
                 try:
                     async with self._one_batch:
                         stepped = await self._step(messages)
@@ -259,7 +240,7 @@ class Lane:
             raise
         self._observe(stepped)
 
-    async def batch(self, messages: Sequence[Message]) -> None:
+    async def batch(self, messages: Sequence[Any]) -> None:
         """Decode once, step every stage, then commit the batch (streams/runtime/commit.py) but for its records' last
         step: faust's agent stream acknowledges them as it moves past them, after this returns."""
         stepped = await self._step(messages)
@@ -274,12 +255,12 @@ class Lane:
             # here, in the worker's loop: a faust table read from the metrics thread makes its store there
             w.metrics.state_entries = sum(len(t) for t in w.tables.values())
 
-    async def _step(self, messages: Sequence[Message]) -> Stepped:
+    async def _step(self, messages: Sequence[Any]) -> Stepped:
         """Decode once and step every stage, handing their outputs to the producer; state not yet written."""
         started = time.perf_counter()
         pending: list[Awaitable] = []
         by_stage: dict[int, list[Record]] = {}
-        where: dict[tuple[str, int, int], Message] = {}  # a record's message, should its step refuse it
+        where: dict[tuple[str, int, int], Any] = {}  # a record's message, should its step refuse it
         for msg in messages:
             where[(msg.topic, msg.partition, msg.offset)] = msg
             self.position[(msg.topic, msg.partition)] = msg.offset + 1
@@ -316,7 +297,7 @@ class Lane:
         return stepped
 
     async def _send(self, pending: list[Awaitable], w: Wired, emits: list[Emit], failed: list[tuple[Record, str]],
-                    where: dict[tuple[str, int, int], Message]) -> None:
+                    where: dict[tuple[str, int, int], Any]) -> None:
         """Hand one stage's outputs, and the dead letters of the records its rules raised on, to the producer."""
         for rec, reason in failed:
             w.metrics.errors += 1
@@ -333,7 +314,7 @@ class Lane:
                 w.log.log(e.level, "%s", e.log)
         w.metrics.emitted += sum(1 for e in emits if isinstance(e.to, Topic))
 
-    async def _refuse(self, pending: list[Awaitable], src: Source, msg: Message, reason: str) -> None:
+    async def _refuse(self, pending: list[Awaitable], src: Source, msg: Any, reason: str) -> None:
         if src.name not in self.counts:
             return  # another lane of this worker counted it (and, for an internal topic, dead-lettered it)
         self.metrics.refused[src.name] += 1

@@ -1,26 +1,17 @@
-"""Keyed state for one step: reads through to the faust tables, writes held until the runtime flushes them."""
+"""Keyed state for one step: reads through to the tables (streams/faust_adapter/tables.py), writes held until the
+runtime flushes them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-import faust
 import orjson
 
-from streams.state import Changelog, delete, put
+from streams.faust_adapter.tables import Changelog, delete, put, stored
 
 _ABSENT = object()
 _DELETED = object()  # a write that removes the key (a tombstone on the changelog)
-
-
-def stored(table: Mapping) -> Mapping:
-    """Where a table's keys live: the dict of faust's memory store, else the table's store (a plain mapping, as
-    tests and benches pass, is its own). Reads, in-memory writes and roll-backs go straight to it: through the table,
-    faust's per-key hooks (sensors, web statistics) cost ~2.5 µs a key, several keys per host sample."""
-    store = getattr(table, "data", table)
-    inner = getattr(store, "data", None)
-    return inner if isinstance(inner, dict) else store
 
 
 class StepState:
@@ -32,7 +23,7 @@ class StepState:
     the runtime retries record by record on copies. Without `lend`, get() hands out copies.
     """
 
-    def __init__(self, tables: Mapping[str, faust.Table], partitions: Mapping[str, int],
+    def __init__(self, tables: Mapping[str, Any], partitions: Mapping[str, int],
                  parent: StepState | None = None, memo: dict[str, Any] | None = None,
                  live: Mapping[str, type] | None = None, durable: dict[tuple[str, str], bytes] | None = None,
                  lend: bool = False):
@@ -136,7 +127,7 @@ class StepState:
         self.writes.clear()
         return sent
 
-    def _partition(self, table: faust.Table, key: str, explicit: int | None) -> int:
+    def _partition(self, table: Any, key: str, explicit: int | None) -> int:
         if explicit is not None:
             return explicit
         if key in self.partitions:

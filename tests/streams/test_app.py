@@ -10,8 +10,9 @@ import pytest
 from core.errors import ConfigError
 from core.settings import load
 from schemas.topics import ALERTS, RACK_POWER, SAMPLES
-from streams.app import QuietMonitor, app_id, broker_credentials, create_app, metrics_of
-from streams.cli import changelog_topics
+from streams.faust_adapter.app import QuietMonitor, broker_credentials, create_app, metrics_of
+from streams.groups import app_id
+from streams.faust_adapter.worker import changelog_topics
 from streams.metrics import StageMetrics
 from streams.metrics_server import exposition
 from streams.power_thermal import stage as power_thermal

@@ -7,8 +7,8 @@ import pytest
 from aiokafka.admin import NewTopic
 
 from core.kafka_admin import create_missing
-from streams.app import create_app
-from streams.cli import _ensure_topics, changelog_topics
+from streams.faust_adapter.app import create_app
+from streams.faust_adapter.worker import changelog_topics, ensure_topics_of as _ensure_topics
 from streams.settings import streams_settings
 from tests.core.test_kafka_admin import _settled_configs
 

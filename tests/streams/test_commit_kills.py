@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemas.codec import encode
 from schemas.provision import ensure_topics
 from schemas.topics import ALERTS, SAMPLES
-from streams.app import group_id
+from streams.groups import group_id
 from streams.runtime import commit
 from tests.conftest import REPO, free_ports
 from tests.streams.helpers import gpu, sample

@@ -1,4 +1,4 @@
-"""SIGUSR2's consumer report (streams/runtime/report.py): per input partition what faust and aiokafka hold, so a
+"""SIGUSR2's consumer report (streams/faust_adapter/report.py): per input partition what faust and aiokafka hold, so a
 partition whose lag stands still shows why (here: acknowledged offsets that do not start at the committed one)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from faust.types import TP
 
 from streams.runtime.inbox import Inbox
-from streams.runtime.report import partition_rows, report
+from streams.faust_adapter.report import partition_rows, report
 
 SAMPLES = TP("fleet.telemetry.samples", 0)
 CHANGELOG = TP("fleetpulse-streams-health-hosts-changelog", 0)

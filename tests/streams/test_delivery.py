@@ -11,8 +11,8 @@ from faust.transport import consumer as faust_consumer
 from mode import Service
 
 from core.settings import load
-from streams.app import create_app
-from streams.runtime import delivery
+from streams.faust_adapter.app import create_app
+from streams.faust_adapter import delivery
 from streams.settings import StreamsSettings
 
 

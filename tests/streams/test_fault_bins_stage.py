@@ -11,7 +11,7 @@ import pytest
 from core.settings import load
 from schemas.analytics import FaultEvent
 from schemas.codec import encode
-from streams.app import create_app, metrics_of
+from streams.faust_adapter.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.fault_bins import stage as fault_bins
 from streams.fault_bins.config import FaultBinConfig
@@ -162,7 +162,7 @@ def test_state_under_a_key_no_record_of_the_batch_carries_sets_that_record_aside
 async def test_a_batch_whose_outputs_the_broker_refuses_rolls_its_state_back_so_reading_it_again_acts_again(app,
                                                                                                          emitter):
     """A batch's state is written only after its outputs are acknowledged; when they are not (a producer error past
-    its retries), the records are read again (streams/runtime/delivery.py abandon), so the state they moved goes back
+    its retries), the records are read again (streams/faust_adapter/delivery.py abandon), so the state they moved goes back
     too: kept, it made the second reading of an XID stale and its fault was never sent."""
     from faust.types import TP
     from faust.types.tuples import Message

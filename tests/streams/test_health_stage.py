@@ -12,7 +12,7 @@ from schemas.analytics import FaultEvent, HealthScore, StragglerScore
 from schemas.codec import encode
 from schemas.dead_letter import original
 from schemas.topics import FAULTS, HEALTH_STRAGGLERS, SAMPLES, STRAGGLERS
-from streams.app import create_app, metrics_of
+from streams.faust_adapter.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.health.rules import HostHealth
 from streams.runtime.state import StepState

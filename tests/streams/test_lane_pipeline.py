@@ -13,7 +13,7 @@ from faust.types.tuples import Message
 
 from core.settings import load
 from schemas.codec import encode
-from streams.app import create_app
+from streams.faust_adapter.app import create_app
 from streams.emit import MemoryEmitter
 from streams.settings import StreamsSettings
 from tests.streams.test_fault_bins import LINE_13, LINE_79, TS0, xid

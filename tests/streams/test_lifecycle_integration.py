@@ -17,7 +17,7 @@ from schemas.provision import ensure_topics
 from schemas.analytics import DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult
 from schemas.codec import encode
 from schemas.topics import DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION, SAMPLES
-from streams.app import group_id
+from streams.groups import group_id
 from streams.registry import WORKERS
 from tests.streams.helpers import gpu, sample
 from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for

@@ -10,7 +10,8 @@ import pytest
 from core.settings import load
 from schemas.analytics import Alert, DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult
 from schemas.codec import encode
-from streams.app import app_id, create_app, metrics_of
+from streams.faust_adapter.app import create_app, metrics_of
+from streams.groups import app_id
 from streams.emit import MemoryEmitter
 from schemas.topics import FAULTS, HEALTH, LIFECYCLE_DECISIONS, LIFECYCLE_FLEET, REMEDIATION
 from streams.settings import StreamsSettings

@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.types import TP
 
-from streams.runtime.delivery import jump
-from streams.runtime.offsets import GapWatch, RewindingConsumer, rewind_uncommitted, stall
+from streams.faust_adapter.delivery import jump
+from streams.faust_adapter.offsets import GapWatch, RewindingConsumer, rewind_uncommitted, stall
 
 SAMPLES = TP("fleet.telemetry.samples", 3)
 OTHER = TP("fleet.telemetry.samples", 4)
@@ -118,7 +118,7 @@ async def _read(consumer, n: int) -> list:
 def test_the_worker_s_consumer_rewinds_uncommitted_partitions(tmp_path):
     from faust.transport.drivers import aiokafka as faust_kafka
 
-    from streams.app import create_app
+    from streams.faust_adapter.app import create_app
     from streams.settings import streams_settings
 
     create_app(streams_settings(None), stages=["power_thermal"], workdir=tmp_path)
@@ -133,8 +133,8 @@ def test_a_crashed_batch_holds_its_partitions_commits_until_its_records_are_read
 
     from core.settings import load
     from schemas.topics import SAMPLES
-    from streams.app import create_app
-    from streams.runtime.delivery import abandon, acknowledge
+    from streams.faust_adapter.app import create_app
+    from streams.faust_adapter.delivery import abandon, acknowledge
     from streams.settings import StreamsSettings
 
     app = create_app(load(StreamsSettings, kafka_bootstrap_servers="k1:9092", data_dir=tmp_path),
@@ -245,7 +245,7 @@ async def test_records_the_fetch_skipped_around_a_rebalance_are_read_again_in_or
     dropped 21..274 while the position moved on. The loop goes back for them rather than take the jump for a
     compacted range (faust acknowledged the records in it unread); the records after the jump in that fetch wait
     for their turn."""
-    from streams.runtime.delivery import _drain_messages
+    from streams.faust_adapter.delivery import _drain_messages
 
     consumer = FetchingConsumer([[275, 276], list(range(21, 278))], read=21)
     await _drain_messages(consumer, SimpleNamespace(_stopped=SimpleNamespace(is_set=lambda: False)))
@@ -262,7 +262,7 @@ async def test_records_the_fetch_skipped_around_a_rebalance_are_read_again_in_or
 async def test_a_second_rebalance_before_the_records_come_reads_them_again_too():
     """Workers joining one after another: faust seeks back to 21 again before the records read again arrive, and
     drops them again. That is a new seek, not the broker lacking the records (no gap), and 21.. still come in order."""
-    from streams.runtime.delivery import _drain_messages
+    from streams.faust_adapter.delivery import _drain_messages
 
     consumer = FetchingConsumer([[275]], read=21)
     consumer.fetches += [lambda: consumer.perform_seek(21), [300], list(range(21, 302))]
@@ -272,7 +272,7 @@ async def test_a_second_rebalance_before_the_records_come_reads_them_again_too()
 
 
 async def test_a_compacted_range_between_seeks_is_faust_s_gap():
-    from streams.runtime.delivery import _drain_messages
+    from streams.faust_adapter.delivery import _drain_messages
 
     consumer = FetchingConsumer([[21, 22, 30, 31]], read=21)
     await _drain_messages(consumer, SimpleNamespace(_stopped=SimpleNamespace(is_set=lambda: False)))

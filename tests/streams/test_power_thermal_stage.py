@@ -12,7 +12,7 @@ from core.settings import load
 from schemas.analytics import Alert
 from schemas.codec import encode
 from schemas.topics import ALERTS, RACK_POWER, SAMPLES
-from streams.app import create_app, metrics_of
+from streams.faust_adapter.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.power_thermal import stage as pt
 from streams.power_thermal.racks import RackConfig

@@ -1,4 +1,4 @@
-"""The table-recovery watchdog (streams/runtime/recovery.py): a recovery with records left that has received none for
+"""The table-recovery watchdog (streams/faust_adapter/recovery.py): a recovery with records left that has received none for
 longer than the limit is stalled; one that is moving, done, or not running is not."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import orjson
 import pytest
 from faust.types import TP
 
-from streams.runtime.recovery import ReRead, recovery_stall, stalled
+from streams.faust_adapter.recovery import ReRead, recovery_stall, stalled
 from tests.agents.test_agent_runner import scrape
 from tests.conftest import REPO, free_ports
 
@@ -73,7 +73,7 @@ def test_a_worker_whose_recovery_stalls_stops_with_exit_1(settings_env, tmp_path
     """The wiring, on the real broker: the watchdog runs from start-up (faust's timers start only after the first
     recovery) and stops the worker with exit 1. The stall is stood in for by the watchdog's own reading of faust's
     bookkeeping (a real one comes about once in 18 handovers, tests/streams/test_scale_out.py)."""
-    script = ("import sys, streams.runtime.recovery as r; r.recovery_stall = lambda *a, **k: (61.0, 3); "
+    script = ("import sys, streams.faust_adapter.recovery as r; r.recovery_stall = lambda *a, **k: (61.0, 3); "
               "from streams.cli import main; sys.exit(main(['--worker', 'telemetry', '--stages', 'fault_bins']))")
     log = tmp_path / "worker.log"
     started = time.monotonic()
@@ -192,7 +192,7 @@ async def test_changelog_records_a_fetch_lost_stall_recovery_until_read_again(se
     active partition is read to its high watermark), read again from offset 1, after the one record applied."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from streams.app import app_id
+    from streams.groups import app_id
     from tests.streams.test_worker_integration import produce
 
     changelog = f"{app_id(topic_prefix)}-power_thermal-hosts-changelog"

@@ -9,7 +9,7 @@ resolves once (an alert fired by the one that left, resolved by the one that sta
 fired twice.
 The one that stays recovers the partitions it takes over; should that recovery stall (faust 0.15.3, about once in 18
 handovers), ReRead reads its changelog partitions again after 5 s here and logs their consumer state
-(streams/runtime/recovery.py) before the watchdog would stop it at 20 s.
+(streams/faust_adapter/recovery.py) before the watchdog would stop it at 20 s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from schemas.codec import encode
 from schemas.provision import ensure_topics
 from schemas.topics import ALERTS, FAULTS, HEALTH, SAMPLES, XID, Topic
 from streams import registry
-from streams.app import app_id, group_id
+from streams.groups import app_id, group_id
 from tests.agents.test_agent_runner import scrape
 from tests.conftest import REPO, free_ports
 from tests.streams.helpers import gpu, sample
@@ -203,7 +203,7 @@ async def test_two_workers_share_the_partitions_and_hand_them_over(settings_env,
 
         def supervise() -> None:
             """compose's `restart: on-failure` for a worker whose table recovery stalled: it stops (exit 1) and starts
-            again (streams/runtime/recovery.py; faust 0.15.3 now and then receives no changelog record on a handover).
+            again (streams/faust_adapter/recovery.py; faust 0.15.3 now and then receives no changelog record on a handover).
             A worker that stopped for any other reason fails the test."""
             nonlocal restarts, since
             if workers["a"].poll() is None:

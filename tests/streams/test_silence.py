@@ -493,7 +493,8 @@ async def test_the_stage_on_the_runtime_judges_with_kafka_time_in_milliseconds(t
     import asyncio
 
     from core.settings import load
-    from streams.app import app_id, create_app
+    from streams.faust_adapter.app import create_app
+    from streams.groups import app_id
     from streams.emit import MemoryEmitter
     from streams.settings import StreamsSettings
     from tests.streams.helpers import put_on, until

@@ -18,7 +18,7 @@ from schemas.provision import ensure_topics
 from core.settings import CommonSettings, load
 from schemas.analytics import StragglerScore
 from schemas.topics import NCCL, SAMPLES, STRAGGLERS
-from streams.app import app_id
+from streams.groups import app_id
 from streams.stragglers.windows import Batch
 from streams.stragglers.scoring import advance
 from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for

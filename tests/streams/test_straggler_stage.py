@@ -12,7 +12,7 @@ from core.settings import load
 from schemas.analytics import StragglerScore
 from schemas.codec import encode
 from schemas.events import timings_of
-from streams.app import create_app, metrics_of
+from streams.faust_adapter.app import create_app, metrics_of
 from streams.emit import MemoryEmitter
 from streams.settings import StreamsSettings
 from streams.stragglers.windows import JobState

@@ -20,7 +20,7 @@ from core.errors import ConfigError
 from schemas.analytics import Alert
 from schemas.provision import ensure_topics
 from schemas.topics import ALERTS, SAMPLES
-from streams.app import group_id
+from streams.groups import group_id
 from streams.cli import child_workers, main
 from streams.settings import streams_settings, telemetry_processes
 from tests.conftest import REPO, free_ports

@@ -19,7 +19,7 @@ from schemas.provision import ensure_topics
 from schemas.analytics import Alert
 from schemas.codec import encode
 from schemas.topics import ALERTS, SAMPLES
-from streams.app import app_id
+from streams.groups import app_id
 from tests.streams.helpers import gpu, sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ async def test_runaway_fires_once_resolves_once_across_restart(kafka_bootstrap, 
         # phase-1 alert too, so the restart carries rack state, which is what this test is about. Stopped at the GPU
         # alert, the worker had mostly read no report and committed nothing on that partition; a restart that dropped
         # its first fetch then never read them (about one run in ten, starts_at t0 + 41), which RewindingConsumer
-        # now mends (streams/runtime/offsets.py, tests/streams/test_offset_gaps.py).
+        # now mends (streams/faust_adapter/offsets.py, tests/streams/test_offset_gaps.py).
         await wait_for("the rack over-budget alert", lambda: _rack_alert(kafka_bootstrap, alerts_topic,
                                                                          "RackPowerOverBudget"), 45, log)
     except BaseException:

@@ -19,7 +19,7 @@ import pytest
 from core.settings import CommonSettings, load
 from schemas.provision import ensure_topics
 from schemas.topics import FAULTS, XID
-from streams.app import group_id
+from streams.groups import group_id
 from tests.conftest import REPO
 from tests.streams.test_lifecycle_integration import group_is_empty
 from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import logging, sys, threading
 logging.basicConfig(level=logging.INFO)
-from streams.cli import _leave_lingering_threads
+from streams.faust_adapter.worker import leave_lingering_threads as _leave_lingering_threads
 threading.Thread(target=threading.Event().wait, name="stuck-join").start()  # never returns
 _leave_lingering_threads(int(sys.argv[1]), grace_s=0.3)
 print("not reached")
@@ -30,7 +30,7 @@ def test_a_thread_that_never_returns_does_not_hold_the_stopped_worker_and_its_ex
 
 
 def test_with_no_thread_left_it_returns_as_before():
-    done = subprocess.run([sys.executable, "-c", "from streams.cli import _leave_lingering_threads; "
+    done = subprocess.run([sys.executable, "-c", "from streams.faust_adapter.worker import leave_lingering_threads as _leave_lingering_threads; "
                            "_leave_lingering_threads(0, grace_s=0.3); print('returned')"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "returned"

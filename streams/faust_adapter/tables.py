@@ -1,7 +1,9 @@
-"""How stages write keyed state: a table key and its changelog record on the partition of the record that set it."""
+"""faust's tables as the runtime uses them: where a table's keys live, and a key set or dropped with its changelog record
+on the partition of the record that set it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import faust
@@ -36,3 +38,12 @@ def delete(table: faust.Table, partition: int, key: str) -> Changelog:
     table.data.pop(key, None)
     topic = table.changelog_topic
     return Changelog(topic.get_topic_name(), partition, topic.prepare_key(key, table.key_serializer)[0], None)
+
+
+def stored(table: Mapping) -> Mapping:
+    """Where a table's keys live: the dict of faust's memory store, else the table's store (a plain mapping, as
+    tests and benches pass, is its own). Reads, in-memory writes and roll-backs go straight to it: through the table,
+    faust's per-key hooks (sensors, web statistics) cost ~2.5 µs a key, several keys per host sample."""
+    store = getattr(table, "data", table)
+    inner = getattr(store, "data", None)
+    return inner if isinstance(inner, dict) else store

@@ -1,4 +1,5 @@
-"""Builds the faust app: broker and security from settings, raw values, memory tables with Kafka changelogs, stages."""
+"""Builds the faust app: broker and security from settings, raw values, memory tables with Kafka changelogs, stages
+wired into lanes (streams/runtime/lane.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ from faust.types import TP
 from core.errors import ConfigError
 from core.settings import CommonSettings
 from streams import registry
-from streams.emit import Emitter, TopicEmitter
+from streams.emit import Emitter
+from streams.faust_adapter import delivery
+from streams.faust_adapter.offsets import GapWatch, RewindingConsumer, watch_offset_gaps
+from streams.faust_adapter.producer import IdempotentProducer, TopicEmitter
+from streams.faust_adapter.supervisor import LaneSupervisor
+from streams.groups import app_id, group_id
 from streams.metrics import MetricsRegistry
-from streams.runtime import delivery
 from streams.runtime.lane import Lane, Wired
-from streams.runtime.offsets import GapWatch, RewindingConsumer, watch_offset_gaps
 from streams.runtime.spec import StageSpec, stage_logger
-from streams.runtime.supervisor import LaneSupervisor
 from streams.settings import StreamsSettings, streams_settings
 
-APP_ID = "fleetpulse-streams"
 log = logging.getLogger("fleetpulse.streams")
 
 
@@ -38,32 +40,7 @@ class StreamsRuntime:
     agents: dict[str, list]  # stage name -> the faust agents of its lanes
     worker: str = registry.WORKERS[0]
     lanes: list[Lane] = field(default_factory=list)
-    gaps: GapWatch | None = None  # re-reads a partition whose commits faust stopped (streams/runtime/offsets.py)
-
-
-class IdempotentProducer(faust_kafka.Producer):
-    """faust's producer with idempotence on: faust 0.15 turns it on only inside transactions, so a send retried after
-    a broker died between writing a stage's output and answering could write it twice. acks stays all (faust's -1)."""
-
-    def _settings_extra(self) -> dict:
-        return {**super()._settings_extra(), "enable_idempotence": True}
-
-
-def app_id(prefix: str = "") -> str:
-    """The streams namespace: changelogs and internal topics are named under it, whichever worker writes them; the
-    topic prefix keeps namespaces on one cluster apart."""
-    return f"{prefix}{APP_ID}"
-
-
-def group_id(prefix: str = "", worker: str = registry.WORKERS[0]) -> str:
-    """A worker's consumer group (faust's app id): the namespace for the first worker, `<namespace>-<worker>` else."""
-    return app_id(prefix) if worker == registry.WORKERS[0] else f"{app_id(prefix)}-{worker}"
-
-
-def worker_groups(prefix: str = "", stages: list[str] | None = None) -> list[tuple[str, list[str]]]:
-    """Per worker the chosen stages need: its consumer group and the registry topics it reads (its lag's inputs)."""
-    return [(group_id(prefix, worker), sorted({t.full(prefix) for st in chosen for t in st.topics()}))
-            for worker, chosen in registry.workers(registry.select(stages)).items()]
+    gaps: GapWatch | None = None  # re-reads a partition whose commits faust stopped (streams/faust_adapter/offsets.py)
 
 
 def _namespaced_table(namespace: str) -> type[faust.Table]:

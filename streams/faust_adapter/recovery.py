@@ -64,7 +64,7 @@ class ReRead:
 
     Why: faust 0.15.3's getmany drops the records it fetched when the group's generation changes while it hands them
     out, or when their partition is not active at that moment, and the fetch position has moved past them; on a
-    stream topic that lost records (streams/runtime/delivery.py reads them again), and a changelog partition whose
+    stream topic that lost records (streams/faust_adapter/delivery.py reads them again), and a changelog partition whose
     records recovery waits for would wait for ever. The seek goes to the record after the last one applied, where
     recovery would read on anyway (should it land while recovery is still setting up, recovery's own seek comes after
     it): if records then come, recovery goes on without the worker's restart; if none do, the watchdog stops the worker

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Generator
+from collections.abc import AsyncIterator, Coroutine, Generator
 from typing import Any
 
 import faust
@@ -165,7 +165,7 @@ def jump(offset: int, read: int, delivered: int | None, rewound: int | None) -> 
     there (`rewound`), when the broker has none. faust's own loop took such a jump for a compacted range and
     acknowledged the records in it unread: with `bench/throughput.py --workers 2` that committed 250-850 unprocessed
     samples per partition in three runs of four, and the same offsets, acknowledged again once read, left the
-    partition committing a record or two per commit (seen with SIGUSR2's consumer report, streams/runtime/report.py).
+    partition committing a record or two per commit (seen with SIGUSR2's consumer report, streams/faust_adapter/report.py).
     Between seeks the record due is the one after `read`, and a jump is a compacted range or a transaction marker."""
     if offset <= read:
         return None
@@ -214,6 +214,40 @@ async def _hand_over(consumer, message, lanes: tuple) -> None:
         inbox.put(message)
 
 
+async def this_assignment(app, taken: list) -> list:
+    """Of a batch a lane took from its inbox, the records it may process: after a rebalance that began meanwhile has
+    ended, those fetched in the group's current generation (faust fetches the others again from the commit if the
+    partition is still ours, and its streams skip them too; streams/faust_adapter/offsets.py re-reads a partition
+    should faust not), each tracked as faust's streams track theirs (a rebalance waits until it is acknowledged)."""
+    if not app.flow_control.is_active():
+        await app.flow_control.acquire()
+    generation = app.consumer_generation_id
+    messages = [m for m in taken if m.generation_id == generation]
+    unacked = app.consumer.unacked
+    for m in messages:
+        if not m.tracked:
+            m.tracked = True
+            unacked.add(m)
+    return messages
+
+
+async def batches(stream, batch_max: int, within_s: float) -> AsyncIterator[list]:
+    """The batches of a lane's faust agent stream (FLEETPULSE_STREAMS_DIRECT_LANES=false, and faust's agent test
+    contexts): faust acknowledges each batch's records as the stream moves past them."""
+    async for events in stream.take_events(batch_max, within=within_s):
+        yield [e.message for e in events]
+
+
+def dropped(stream, messages) -> None:
+    """A batch of the agent stream whose lane raised: abandoned (never committed), and marked acknowledged, for faust
+    acknowledges them on its way out and that must not count them done."""
+    consumer = getattr(getattr(stream, "app", None), "consumer", None)
+    if consumer is not None:
+        abandon(consumer, messages)
+    for m in messages:
+        m.acked = True
+
+
 def acknowledge(consumer, messages) -> None:
     """`message.ack(consumer)` for each record of a lane's batch, under one lock: faust 0.15.3's Message.ack,
     ConsumerMessage.on_final_ack and Consumer.ack inlined (one at a time, with two lock round trips and a wake-up each,
@@ -254,7 +288,7 @@ def abandon(consumer, messages) -> dict:
     """The records of a lane's batch that raised: never acknowledged, so never committed, and no longer waited for
     (faust's stop waits until every tracked record is acknowledged, and these never will be: a worker stopping after
     its lane crashed hung there). A record another lane still holds is untracked when that lane is done with it
-    (acknowledge). The consumer commits nothing of a partition from the first of them on (streams/runtime/offsets.py):
+    (acknowledge). The consumer commits nothing of a partition from the first of them on (streams/faust_adapter/offsets.py):
     faust alone would commit past one at its committed offset, or any on a partition never committed, once later
     records of it are acknowledged (by another lane). Returns that first offset per partition."""
     unacked, first = consumer._unacked_messages, {}
