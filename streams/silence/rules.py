@@ -109,7 +109,7 @@ class HostView:
     judged: str | None = None  # SINGLE, RACK or FLEET once judged
     regrouped: float | None = None  # the clock when its rack's or the fleet's outage ended with it still silent
     monitor_since: float | None = None  # MonitorBroken firing since
-    lost_gpus: int = 0  # GPUs its agent counts but its last sample had no row of
+    lost_gpus: int = 0  # GPUs its samples had rows of (the most it ever sent) that its last sample had not
 
     def to_json(self) -> dict:
         return asdict(self)

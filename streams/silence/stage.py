@@ -54,7 +54,8 @@ def check_fleet(value: object) -> dict:
 
 def _blank(host: str) -> dict:
     return {"kind": "host", "host": host, "alive_ts": 0.0, "sample_ts": 0.0, "rack": "", "job": None,
-            "failing": None, "bye": False, "oos": None, "source": "", "samples_source": "", "lost_gpus": 0}
+            "failing": None, "bye": False, "oos": None, "source": "", "samples_source": "", "lost_gpus": 0,
+            "gpus_most": 0}
 
 
 # What every report carries as this worker read it (times only grow); flags come only from the record (seen_step).
@@ -94,10 +95,12 @@ def seen_step(records: Sequence[Record], state: State, cfg: SilenceConfig) -> li
             if r.kind == "sample" and rec["ts"] > cur["sample_ts"]:  # samples and status are two topics: each
                 cur["sample_ts"], cur["samples_source"] = rec["ts"], source  # in order
                 cur["job"] = proven["job"] = rec.get("job")
-                # GPUs the agent counts on the host but read no row of (fallen off the bus, lost to the driver)
-                installed, read = rec.get("gpu_count"), rec.get("gpus")
-                cur["lost_gpus"] = proven["lost_gpus"] = (max(0, int(installed) - len(read))
-                                                          if installed is not None and read is not None else 0)
+                # GPUs the host's samples had rows of and its latest has not (fallen off the bus, lost to the
+                # driver): counted against the most it ever sent, so a GPU taken out for good counts as lost
+                read = rec.get("gpus")
+                if read is not None:
+                    cur["gpus_most"] = most = max(cur.get("gpus_most", 0), len(read))
+                    cur["lost_gpus"] = proven["lost_gpus"] = most - len(read)
             if rec["ts"] >= cur["alive_ts"]:
                 cur["alive_ts"], cur["rack"], cur["source"] = rec["ts"], rec["rack"] or cur["rack"], source
                 proven["bye"] = cur["bye"] = r.kind != "sample" and rec["state"] == "stopping"
