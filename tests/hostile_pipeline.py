@@ -22,7 +22,7 @@ from schemas.topics import AGENT, FAULTS, HOST_EVENTS, NCCL, NET, SAMPLES, XID
 from tests.conftest import _free_port
 from tests.hostile_corpus import corpus
 from tests.pipeline import worker_and_sink
-from tests.streams.test_worker_integration import read_all, wait_for
+from tests.streams.broker import read_all, wait_for
 
 RAW = (SAMPLES, XID, NCCL, NET, HOST_EVENTS, AGENT)
 

@@ -13,7 +13,7 @@ from core.settings import load
 from sinks.cli import run_sink
 from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
-from tests.streams.test_worker_integration import stop_worker
+from tests.streams.broker import stop_worker
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from schemas.topics import SAMPLES, XID
 from core.clickhouse import connect
 from tests.conftest import free_ports
 from tests.pipeline import worker_and_sink
-from tests.streams.test_worker_integration import wait_for
+from tests.streams.broker import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from schemas.topics import FAULTS, HEALTH, NCCL, SAMPLES, TOPICS, XID
 from tests.streams.helpers import gpu, sample
 from tests.conftest import _free_port
 from tests.pipeline import worker_and_sink
-from tests.streams.test_worker_integration import produce, read_all, wait_for
+from tests.streams.broker import produce, read_all, wait_for
 
 pytestmark = pytest.mark.integration
 

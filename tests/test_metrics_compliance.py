@@ -32,7 +32,7 @@ from streams.metrics_server import CATALOGUE as WORKER
 from tests.conftest import _free_port
 from tests.pipeline import worker_and_sink
 from tests.streams.helpers import gpu, sample
-from tests.streams.test_worker_integration import produce, read_all, wait_for
+from tests.streams.broker import produce, read_all, wait_for
 
 
 def test_each_shared_word_has_one_kind_and_no_name_means_two_things():

@@ -22,7 +22,7 @@ from tests.conftest import REPO, _free_port
 from tests.fleetpulse.test_tls_broker import make_pki
 from tests.pipeline import worker_and_sink
 from tests.streams.helpers import temps_series
-from tests.streams.test_worker_integration import wait_for
+from tests.streams.broker import wait_for
 
 pytestmark = pytest.mark.integration
 PASSWORD, WRONG = "canary-Right-7f3a9c", "canary-Wrong-51be04"  # grepped for everywhere at the end

@@ -25,7 +25,7 @@ from core.clickhouse import connect
 from tests.conftest import _free_port
 from tests.streams.helpers import temps_series
 from tests.pipeline import worker_and_sink
-from tests.streams.test_worker_integration import wait_for
+from tests.streams.broker import wait_for
 
 pytestmark = pytest.mark.integration
 

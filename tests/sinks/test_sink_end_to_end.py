@@ -28,7 +28,7 @@ from sinks.batch import Batch
 from sinks.cli import run_sink
 from sinks.sink import ClickHouseSink
 from sinks.settings import SinkSettings
-from tests.streams.test_worker_integration import read_all
+from tests.streams.broker import read_all
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from schemas.provision import ensure_topics
 from schemas.analytics import Alert, DrainEvent, FaultEvent, HealthScore, NodeState
 from schemas.codec import encode
 from schemas.topics import ALERTS, DRAIN, FAULTS, HEALTH, NODE_STATE
-from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+from tests.streams.broker import produce, read_all, stop_worker, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = [f"n{i:02d}" for i in range(10)]

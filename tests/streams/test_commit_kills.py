@@ -24,9 +24,9 @@ from streams.groups import group_id
 from streams.runtime import commit
 from tests.conftest import REPO, free_ports
 from tests.streams.helpers import gpu, sample
-from tests.streams.test_lifecycle_integration import group_is_empty
+from tests.streams.broker import group_is_empty
 from tests.streams.test_toy_stage import installed
-from tests.streams.test_worker_integration import read_all, stop_worker, wait_for
+from tests.streams.broker import read_all, stop_worker, wait_for
 
 STEPS = ("outputs_acknowledged", "changelog_sent", "changelog_acknowledged", "records_acknowledged")
 HOSTS = [f"h{k:02d}" for k in range(12)]

@@ -18,7 +18,8 @@ from schemas.provision import ensure_topics
 from schemas.analytics import FaultEvent
 from schemas.codec import encode
 from schemas.topics import FAULTS, SAMPLES, XID
-from tests.streams.test_worker_integration import REPO, stop_worker
+from tests.conftest import REPO
+from tests.streams.broker import stop_worker
 
 pytestmark = pytest.mark.integration
 

@@ -11,16 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from schemas.provision import ensure_topics
 from schemas.analytics import DrainEvent, FaultEvent, HealthScore, NodeState, RemediationResult
 from schemas.codec import encode
 from schemas.topics import DRAIN, FAULTS, HEALTH, NODE_STATE, REMEDIATION, SAMPLES
 from streams.groups import group_id
 from streams.registry import WORKERS
+from tests.streams.broker import group_is_empty, produce, read_all, stop_worker, wait_for
 from tests.streams.helpers import gpu, sample
-from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = ("h1", "h2", "h3")
@@ -36,16 +34,6 @@ def start_worker(log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "FLEETPULSE_STREAMS_BATCH_WITHIN_S": "0.2"}
     return subprocess.Popen([sys.executable, "-m", "streams.cli", "--stages", "health,lifecycle"], cwd=REPO,
                             env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-async def group_is_empty(bootstrap: str, group: str) -> bool:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        [response] = await admin.describe_consumer_groups([group])
-        return all(not g[5] for g in response.groups)  # (error, group, state, protocol type, protocol, members)
-    finally:
-        await admin.close()
 
 
 def samples(t0: float, first: int, count: int) -> list[tuple[bytes, bytes]]:

@@ -193,7 +193,7 @@ async def test_changelog_records_a_fetch_lost_stall_recovery_until_read_again(se
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     from streams.groups import app_id
-    from tests.streams.test_worker_integration import produce
+    from tests.streams.broker import produce
 
     changelog = f"{app_id(topic_prefix)}-power_thermal-hosts-changelog"
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)

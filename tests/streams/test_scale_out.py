@@ -37,7 +37,8 @@ from streams.groups import app_id, group_id
 from tests.agents.test_agent_runner import scrape
 from tests.conftest import REPO, free_ports
 from tests.streams.helpers import gpu, sample
-from tests.streams.test_worker_integration import PHASE1, PHASE2, produce, read_all, stop_worker, wait_for
+from tests.streams.broker import produce, read_all, stop_worker, wait_for
+from tests.streams.test_worker_integration import PHASE1, PHASE2
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HOSTS = [f"h{h:02d}" for h in range(24)]  # every host's GPU 5 runs away: both workers hold some of them

@@ -21,7 +21,7 @@ from schemas.topics import NCCL, SAMPLES, STRAGGLERS
 from streams.groups import app_id
 from streams.stragglers.windows import Batch
 from streams.stragglers.scoring import advance
-from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+from tests.streams.broker import produce, read_all, stop_worker, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration

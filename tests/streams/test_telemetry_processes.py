@@ -25,7 +25,8 @@ from streams.cli import child_workers, main
 from streams.settings import streams_settings, telemetry_processes
 from tests.conftest import REPO, free_ports
 from tests.streams.test_scale_out import HOSTS, caught_up, counter, members, records_on, runaway
-from tests.streams.test_worker_integration import PHASE1, produce, read_all, stop_worker, wait_for
+from tests.streams.broker import produce, read_all, stop_worker, wait_for
+from tests.streams.test_worker_integration import PHASE1
 
 
 def test_each_extra_telemetry_process_gets_a_data_directory_of_its_own(tmp_path):

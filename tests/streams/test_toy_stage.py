@@ -24,7 +24,7 @@ from schemas.topics import ALERTS, SAMPLES
 from streams import registry
 from tests.conftest import REPO, free_ports
 from tests.streams.helpers import gpu, sample
-from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+from tests.streams.broker import produce, read_all, stop_worker, wait_for
 from tests.streams.toy.stage import STAGE
 
 ELSEWHERE = dataclasses.replace(STAGE, worker="elsewhere")

@@ -82,7 +82,7 @@ async def test_a_worker_whose_output_the_broker_refuses_gives_up_loudly_and_lose
     from schemas.provision import ensure_topics
     from schemas.topics import FAULTS, XID
     from tests.pipeline import REPO
-    from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+    from tests.streams.broker import produce, read_all, stop_worker, wait_for
     from tests.test_dead_letters_end_to_end import _allow_records_of
 
     await ensure_topics({"bootstrap_servers": kafka_bootstrap}, topic_prefix)

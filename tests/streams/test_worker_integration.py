@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -13,13 +11,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.provision import ensure_topics
 from schemas.analytics import Alert
 from schemas.codec import encode
 from schemas.topics import ALERTS, SAMPLES
 from streams.groups import app_id
+from tests.streams.broker import produce, read_all, stop_worker, wait_for
 from tests.streams.helpers import gpu, sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,56 +46,6 @@ def start_worker(log: Path) -> subprocess.Popen:
            "FLEETPULSE_RACK_BUDGETS_W": RACK_BUDGETS}
     return subprocess.Popen([sys.executable, "-m", "streams.cli", "--stages", "power_thermal"], cwd=REPO, env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_worker(proc: subprocess.Popen, log: Path, *, failing: bool = False) -> None:
-    if failing:  # the test already failed: do not hide why behind a shutdown assertion
-        proc.kill()
-        proc.wait()
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=30) == 0, f"worker exit {proc.returncode}:\n{log.read_text()[-3000:]}"
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"worker ignored SIGTERM:\n{log.read_text()[-3000:]}") from None
-
-
-async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> list:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
-    await producer.start()
-    try:
-        return [await producer.send_and_wait(topic, value, key=key) for key, value in records]
-    finally:
-        await producer.stop()
-
-
-async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
-    """Every record of `topic` up to its current end, in the order it was written."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end, out = await consumer.end_offsets(tps), []
-        left = {tp for tp in tps if end[tp] > 0}
-        while left:
-            for batch in (await consumer.getmany(*left, timeout_ms=500)).values():
-                out += batch
-            left = {tp for tp in left if await consumer.position(tp) < end[tp]}
-        return sorted(out, key=lambda r: (r.timestamp, r.partition, r.offset))
-    finally:
-        await consumer.stop()
-
-
-async def wait_for(what: str, probe, timeout: float, log: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := await probe():
-            return result
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; worker log:\n{log.read_text()[-4000:]}")
 
 
 async def test_runaway_fires_once_resolves_once_across_restart(kafka_bootstrap, settings_env, topic_prefix,

@@ -21,8 +21,8 @@ from schemas.provision import ensure_topics
 from schemas.topics import FAULTS, XID
 from streams.groups import group_id
 from tests.conftest import REPO
-from tests.streams.test_lifecycle_integration import group_is_empty
-from tests.streams.test_worker_integration import produce, read_all, stop_worker, wait_for
+from tests.streams.broker import group_is_empty
+from tests.streams.broker import produce, read_all, stop_worker, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KILLS, HOSTS, GPUS = 10, 20, 8
