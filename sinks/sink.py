@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from core.clickhouse import QueryLimits, connect
 from core.errors import DecodeError, StoreError
@@ -306,7 +307,16 @@ class ClickHouseSink:
             stats.last_insert_ms = round((time.perf_counter() - began) * 1000, 2)
             stats.batches += 1
         offsets = {TopicPartition(batch.topic, p): o for p, o in batch.next_offsets().items()}
-        await self.outages.call(f"committing {batch.topic}", lambda: self.consumer.commit(offsets))
+        try:
+            await self.outages.call(f"committing {batch.topic}", lambda: self.consumer.commit(offsets))
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The group rebalanced while the batch was stored: this member was away longer than its session
+            # (stopped, paused, starved of CPU) and its partitions may be another's now. The rows are stored; whoever
+            # reads the partitions next resumes after them (sinks/watermarks.py) and commits that.
+            stats.commits_lost += 1
+            log.warning("the batch of %s is stored but its offsets were not committed (%s): the group rebalanced "
+                        "meanwhile; the partitions' next reader resumes after the stored rows", batch.table.name,
+                        type(exc).__name__)
         stats.stored(time.perf_counter() - began, max((e.kafka_ts for e in batch.entries), default=0))
 
     async def flush_all(self) -> None:

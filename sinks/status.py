@@ -26,6 +26,7 @@ class TableStats:
     split_batches: int = 0  # batches the store refused whole, inserted in parts around the records at fault
     topic_resets: int = 0  # partitions found recreated (log end at or below the stored watermark): read as new
     stored_again: int = 0  # last batches before a stop, inserted again at start with their token (sinks/inflight.py)
+    commits_lost: int = 0  # batches stored whose offsets the group refused (it rebalanced meanwhile): read past later
     latency: Latency = field(default_factory=Latency)  # per batch stored and committed (outages included)
     lag: EventLag = field(default_factory=EventLag)  # of the latest batch stored and committed
 

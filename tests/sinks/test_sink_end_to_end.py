@@ -289,6 +289,56 @@ async def test_a_rebalance_that_flushes_while_the_main_loop_flushes_stores_and_c
         [(len(samples) * 8, len(samples) * 8)]
 
 
+@pytest.mark.slow
+async def test_a_sink_away_longer_than_its_session_goes_on_and_stores_everything_once(settings):
+    """A sink whose process stalls between storing a batch and committing it (stopped, paused, starved: here its
+    event loop blocked past the group's 10 s session) finds the group rebalanced and its commit refused. The rows are
+    stored; it goes on, resumes after them, and every record lands once. (Seen when a fleet-scale run stopped the
+    sink for 3 minutes: it stopped on CommitFailedError.)"""
+    now = time.time() - 60
+    first = [sample(h, s, now) for s in range(5) for h in range(8)]
+    await produce(settings, first)
+    sink = ClickHouseSink(settings)
+    store_batch, stalled = sink.store_batch, []
+
+    async def store_then_stall(batch):
+        if not stalled:
+            stalled.append(batch.table.name)
+            real = sink.inserter.store
+
+            async def stored_then_away(b):
+                rows = await real(b)
+                time.sleep(13)  # the whole process away: no heartbeat, the broker expels the member
+                return rows
+            sink.inserter.store = stored_then_away
+            try:
+                return await store_batch(batch)
+            finally:
+                sink.inserter.store = real
+        return await store_batch(batch)
+
+    sink.store_batch = store_then_stall
+    stop = asyncio.Event()
+    task = asyncio.create_task(sink.run(stop))
+    try:
+        deadline = time.monotonic() + 90
+        while sink.stats.tables["gpu_samples"].commits_lost == 0 and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.2)
+        assert sink.stats.tables["gpu_samples"].commits_lost == 1, sink.stats.tables["gpu_samples"].as_dict()
+        second = [sample(h, s, now) for s in range(5, 10) for h in range(8)]
+        await produce(settings, second)
+        want = (len(first) + len(second)) * 8
+        while rows_in(settings, "SELECT count() FROM gpu_samples")[0][0] < want and time.monotonic() < deadline:
+            assert not task.done(), task
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert rows_in(settings, "SELECT count(), uniqExact(host, seq, gpu_index) FROM gpu_samples") == [(want, want)]
+    after = await sink_until(settings, lambda s: False, timeout=4)  # the group's commits reached the end
+    assert after.stats.tables["gpu_samples"].records == 0
+
+
 async def test_a_table_that_refuses_every_record_dead_letters_them_all_and_says_the_table_may_be_at_fault(
         settings, caplog):
     client = connect(settings, "owner")
