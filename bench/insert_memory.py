@@ -1,13 +1,14 @@
-"""What one of the sink's gpu_samples inserts costs the ClickHouse server in memory (its rollup views included), with
-the tables as the schemas make them, beside the same tables with ClickHouse's default part format (every part over
-10 MB uncompressed written wide: a file and a write buffer per column stream).
+"""What one of the sink's gpu_samples inserts costs the ClickHouse server in memory and time (its rollup views
+included), with the tables as the schemas make them, beside the same tables with ClickHouse's default part format
+(every part over 10 MB uncompressed written wide: a file and a write buffer per column stream).
 
 One tick of a simulated fleet (a sample per host, 8 GPUs each) is one insert, through the sink's own JSON intake, on
 the project's local server (started in a temporary data directory and stopped at the end). The two databases take
 turns, tick by tick, so the machine's swings hit both; the server reports each insert's memory (its summary's
-memory_usage, the peak the query's memory tracker saw). Merges are held off meanwhile; then each database's
-rollup_gpu_1m parts are merged into one (OPTIMIZE ... FINAL) while system.merges is read every 50 ms: the merge's
-peak memory, which grows with the parts merged at once and their column streams, not with their rows.
+memory_usage, the peak the query's memory tracker saw) and time (elapsed_ns). Merges are held off meanwhile; then
+each database's rollup_gpu_1m parts are merged into one (OPTIMIZE ... FINAL) while system.merges is read every 50 ms:
+the merge's peak memory, which grows with the parts merged at once and their column streams, not with their rows,
+and its time.
 
     .venv/bin/python bench/insert_memory.py [--hosts 5000] [--ticks 6]
 """
@@ -53,8 +54,9 @@ def _database(name: str, wide_part_bytes: int):
 
 
 def _merge_peak_mb(client, watcher, table: str) -> tuple[float, int]:
-    """`table`'s parts merged into one; the merge's peak memory (MB) as system.merges showed it, and the parts."""
-    peak, done = [0], threading.Event()
+    """`table`'s parts merged into one; the merge's peak memory (MB) as system.merges showed it, the parts, and the
+    seconds it took."""
+    peak, done, began = [0], threading.Event(), time.perf_counter()
     where = "database = currentDatabase() AND table = {t:String}"
 
     def watch() -> None:
@@ -74,7 +76,7 @@ def _merge_peak_mb(client, watcher, table: str) -> tuple[float, int]:
     finally:
         done.set()
         thread.join()
-    return peak[0] / 1e6, parts
+    return peak[0] / 1e6, parts, time.perf_counter() - began
 
 
 def _server(data: str, command: str) -> None:
@@ -99,10 +101,12 @@ def main() -> None:
         clients = {"schemas": _database("bench_schemas", WIDE_PART_BYTES),
                    "clickhouse default": _database("bench_default", CLICKHOUSE_DEFAULT_WIDE_PART_BYTES)}
         mb: dict[str, list[float]] = {k: [] for k in clients}
+        seconds: dict[str, list[float]] = {k: [] for k in clients}
         for k, lines in enumerate(ticks):
             for name, client in clients.items():
                 summary = store.insert_lines(client, "gpu_samples", intake, lines, f"tick-{k}", embedded=False)
                 mb[name].append(int(summary["memory_usage"]) / 1e6)
+                seconds[name].append(int(summary["elapsed_ns"]) / 1e9)
         parts = {name: client.query("SELECT table, groupUniqArray(part_type) FROM system.parts WHERE active AND "
                                     "database = currentDatabase() GROUP BY table").result_rows
                  for name, client in clients.items()}
@@ -118,8 +122,10 @@ def main() -> None:
                       "insert_memory_mb_median": {"schemas": round(now), "clickhouse default": round(default),
                                                   "ratio": round(now / default, 2)},
                       "insert_memory_mb": {k: [round(v) for v in vs] for k, vs in mb.items()},
+                      "insert_s_median": {k: round(statistics.median(vs), 3) for k, vs in seconds.items()},
                       "part_types": {k: {t: sorted(types) for t, types in v if t in FED} for k, v in parts.items()},
-                      "rollup_gpu_1m_merge": {k: {"parts": n, "peak_mb": round(mb)} for k, (mb, n) in merges.items()}},
+                      "rollup_gpu_1m_merge": {k: {"parts": n, "peak_mb": round(mb), "seconds": round(s, 2)}
+                                              for k, (mb, n, s) in merges.items()}},
                      indent=2))
 
 
