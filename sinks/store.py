@@ -83,11 +83,12 @@ def apply_schema(client: Client, settings: CommonSettings) -> list[str]:
             for sql in rollup.aggregates(database):
                 columns = [row[0] for row in client.query(f"DESCRIBE TABLE ({sql})").result_rows]
                 _command(client, rollup.backfill(database, sql, columns), f"filling {rollup.name} failed")
-    for table in _part_format_changes(client, shape):
+    engines = _engines(client, shape)
+    for table in _part_format_changes(engines):
         log.info("parts of %s are now written compact up to %d MB", table, WIDE_PART_BYTES >> 20)
         _command(client, f"ALTER TABLE {shape.local(table)}{shape.on} MODIFY SETTING min_bytes_for_wide_part = "
                          f"{WIDE_PART_BYTES}", f"changing the part format of {table} failed")
-    for table, ttl in _retention_changes(client, settings, shape):
+    for table, ttl in _retention_changes(engines, settings):
         log.info("retention of %s is now %s", table, ttl)
         _command(client, f"ALTER TABLE {shape.local(table)}{shape.on} MODIFY TTL {ttl}",
                  f"changing the retention of {table} failed")
@@ -128,26 +129,28 @@ def _command(client: Client, stmt: str, context: str) -> None:
         raise store_error(exc, context) from exc
 
 
-def _retention_changes(client: Client, settings: CommonSettings, shape: Layout) -> list[tuple[str, str]]:
-    """(table, TTL expression) for every table whose live retention differs from the settings'."""
+def _engines(client: Client, shape: Layout) -> list[tuple[str, str]]:
+    """(table, its live engine clause: settings and TTL included) for every table that keeps rows, by the name the
+    sink and analysts use; on a cluster, its local table's and its Distributed table's."""
     rows = client.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
                         parameters={"db": shape.database}).result_rows
-    live = {kept: m.group(1) for name, engine in rows
-            if (kept := shape.kept(name)) and (m := _TTL_DAYS.search(engine))}
+    return [(kept, engine) for name, engine in rows if (kept := shape.kept(name))]
+
+
+def _retention_changes(engines: list[tuple[str, str]], settings: CommonSettings) -> list[tuple[str, str]]:
+    """(table, TTL expression) for every table whose live retention differs from the settings'."""
+    live = {kept: m.group(1) for kept, engine in engines if (m := _TTL_DAYS.search(engine))}
     want = {t.name: (t.time_column, days(t.tier, settings.retention)) for t in TABLES.values()}
     want |= {r.name: (r.time_column, days("rollup", settings.retention)) for r in ROLLUPS.values()}
     return [(name, ttl_expression(column, n)) for name, (column, n) in want.items()
             if name in live and live[name] != str(n)]
 
 
-def _part_format_changes(client: Client, shape: Layout) -> list[str]:
+def _part_format_changes(engines: list[tuple[str, str]]) -> list[str]:
     """The tables made before their parts were written compact up to WIDE_PART_BYTES (schemas/ddl.py)."""
-    rows = client.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
-                        parameters={"db": shape.database}).result_rows
     want = f"min_bytes_for_wide_part = {WIDE_PART_BYTES}"
     ours = set(TABLES) | set(ROLLUPS)
-    return sorted(kept for name, engine in rows
-                  if (kept := shape.kept(name)) in ours and "MergeTree" in engine and want not in engine)
+    return sorted(kept for kept, engine in engines if kept in ours and "MergeTree" in engine and want not in engine)
 
 
 _TTL_DAYS = re.compile(r"\bTTL .*?toIntervalDay\((\d+)\)")

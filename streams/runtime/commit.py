@@ -11,8 +11,8 @@ Killed before step 4, the worker leaves the batch uncommitted and the next one r
 the state as it was before the batch (its outputs go out again, with the same ids, for their readers to deduplicate:
 alert fingerprints, fault and drain ids); from 3 on, on the state the batch left, which says what it already did (an
 alert fired, a fault counted), so nothing is done twice. Killed after step 4 and before the commit loop's next turn,
-the same. tests/streams/test_commit_kills.py kills the
-worker after each step on the real broker and counts what came out."""
+the same. tests/streams/test_commit_kills.py kills the worker after each step on the real broker and counts what came
+out."""
 
 from __future__ import annotations
 

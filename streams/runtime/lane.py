@@ -18,13 +18,13 @@ from core.logs import LogBudget
 from schemas.codec import decode as json_decode
 from schemas.topics import InternalTopic, Topic
 from streams.emit import Emitter, send_dead_letter
+from streams.faust_adapter.delivery import abandon, acknowledge, batches, dropped, this_assignment
+from streams.faust_adapter.tables import Changelog
 from streams.metrics import MetricsRegistry, StageMetrics
 from streams.runtime.commit import commit
-from streams.faust_adapter.delivery import abandon, acknowledge, batches, dropped, this_assignment
 from streams.runtime.inbox import Inbox
 from streams.runtime.spec import Emit, Input, Record, StageSpec, Step, Target
 from streams.runtime.state import StepState
-from streams.faust_adapter.tables import Changelog
 
 log = logging.getLogger("fleetpulse.streams.runtime")
 
