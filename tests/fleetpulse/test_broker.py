@@ -7,15 +7,15 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from fleetpulse.broker import LocalKafka, ensure_broker, find_java, round_trip
 from core.errors import BrokerError
 from core.settings import CommonSettings
+from tests.streams.broker import read_all
 
 
 def free_ports(n: int = 2) -> list[int]:
@@ -53,22 +53,7 @@ async def produce(bootstrap: str, topic: str, n: int, partitions: int = 3) -> No
 
 async def count(bootstrap: str, topic: str, partitions: int = 3) -> int:
     """Read the topic from the beginning to its end offsets; return the distinct values seen."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        seen: set[int] = set()
-        deadline = time.monotonic() + 30
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            assert time.monotonic() < deadline, "timed out reading back"
-            for records in (await consumer.getmany(timeout_ms=1000)).values():
-                seen.update(json.loads(r.value)["i"] for r in records)
-        return len(seen)
-    finally:
-        await consumer.stop()
+    return len({json.loads(r.value)["i"] for r in await read_all(bootstrap, topic, partitions, timeout_s=30)})
 
 
 @pytest.fixture(scope="module")

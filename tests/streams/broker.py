@@ -35,8 +35,9 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]
         await producer.stop()
 
 
-async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
-    """Every record of `topic` up to its current end, in the order it was written."""
+async def read_all(bootstrap: str, topic: str, partitions: int, timeout_s: float | None = None) -> list:
+    """Every record of `topic` up to its current end, in the order it was written; within `timeout_s`, if given."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -46,6 +47,7 @@ async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
         end, out = await consumer.end_offsets(tps), []
         left = {tp for tp in tps if end[tp] > 0}
         while left:
+            assert deadline is None or time.monotonic() < deadline, f"timed out reading back {topic}"
             for batch in (await consumer.getmany(*left, timeout_ms=500)).values():
                 out += batch
             left = {tp for tp in left if await consumer.position(tp) < end[tp]}
