@@ -39,6 +39,9 @@ class Topic:
     # agents and third-party producers, whose records the keyed stages fold into per-host (per-job) state. The
     # pipeline's own outputs key some records otherwise on purpose (a rack's power alert by its rack).
     key_checked: bool = False
+    # Every host (job) sends it every interval: the bulk of a stream. A stage reading it and an event topic takes the
+    # events first when behind (streams/runtime/inbox.py), so a fault is not held behind a backlog of samples.
+    periodic: bool = False
 
     def full(self, prefix: str = "") -> str:
         """The topic's name on the cluster: a namespace prefix (e.g. 'staging.') before the registry name."""
@@ -91,25 +94,28 @@ class Topic:
 
 # Partition counts are chosen up front: faust tables cannot be re-partitioned later.
 _TOPICS = [
-    Topic("fleet.telemetry.samples", "host", HostSample, 8, 3 * DAY_MS, key_checked=True,
+    Topic("fleet.telemetry.samples", "host", HostSample, 8, 3 * DAY_MS, key_checked=True, periodic=True,
           description="one sample per host per interval"),
     Topic("fleet.telemetry.xid", "host", XidEvent, 8, 14 * DAY_MS, key_checked=True, description="XID / SXid events"),
     Topic("fleet.telemetry.nccl", "job", NcclStep, 8, 3 * DAY_MS, legacy=(NcclTiming, step_of), key_checked=True,
+          periodic=True,
           description="collective timings, one record per host and collective (per-rank NcclTiming still read)"),
-    Topic("fleet.telemetry.agent", "host", AgentStatus, 8, 7 * DAY_MS, key_checked=True,
+    Topic("fleet.telemetry.agent", "host", AgentStatus, 8, 7 * DAY_MS, key_checked=True, periodic=True,
           description="each host agent's own condition: collectors running and failing, an orderly stop"),
-    Topic("fleet.telemetry.net", "host", NetSample, 8, 3 * DAY_MS, key_checked=True,
+    Topic("fleet.telemetry.net", "host", NetSample, 8, 3 * DAY_MS, key_checked=True, periodic=True,
           description="one sample of every InfiniBand/RoCE port per host per interval: state, rate, error counters"),
     Topic("fleet.telemetry.host_events", "host", HostEvent, 8, 14 * DAY_MS, key_checked=True,
           description="kernel-log lines about the host: NIC (mlx5), NVMe/block I/O, filesystem, machine checks"),
-    Topic("fleet.health.scores", "host", HealthScore, 8, 7 * DAY_MS, description="GPU and node health scores"),
+    Topic("fleet.health.scores", "host", HealthScore, 8, 7 * DAY_MS, periodic=True,
+          description="GPU and node health scores"),
     Topic("fleet.faults", "host", FaultEvent, 8, 30 * DAY_MS, description="binned fault events"),
-    Topic("fleet.stragglers", "job", StragglerScore, 8, 7 * DAY_MS, description="per-rank straggler scores"),
+    Topic("fleet.stragglers", "job", StragglerScore, 8, 7 * DAY_MS, periodic=True,
+          description="per-rank straggler scores"),
     Topic("fleet.alerts", "host", Alert, 8, 30 * DAY_MS, description="power/thermal alerts, fire and resolve"),
     Topic("fleet.node.state", "host", NodeState, 8, -1, compacted=True, description="node lifecycle state"),
     Topic("fleet.drain.events", "host", DrainEvent, 8, 30 * DAY_MS, description="drain/repair/validate requests"),
     Topic("fleet.remediation.results", "host", RemediationResult, 8, 30 * DAY_MS, description="remediation bot results"),
-    Topic("fleet.usable_compute", "scope", UsableCompute, 1, 365 * DAY_MS,
+    Topic("fleet.usable_compute", "scope", UsableCompute, 1, 365 * DAY_MS, periodic=True,
           description="usable compute per minute, with its breakdown"),
     Topic("fleet.sim.truth", "host", InjectedFault, 1, 30 * DAY_MS, description="simulator ground truth"),
 ]

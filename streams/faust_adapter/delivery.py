@@ -207,8 +207,8 @@ async def _hand_over(consumer, message, lanes: tuple) -> None:
             return
     message.incref(len(lanes))  # acknowledged to the consumer when every lane has acknowledged it
     for inbox in lanes:
-        if inbox.full():
-            await consumer.wait_first(inbox.room(), consumer.suspend_flow.wait())
+        if inbox.full(message):
+            await consumer.wait_first(inbox.room(message), consumer.suspend_flow.wait())
             if not consumer.flow_active:
                 return
         inbox.put(message)

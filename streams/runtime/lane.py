@@ -129,13 +129,25 @@ class Lane:
                 out[w.spec.name] += max(0, end - position)
         return out
 
+    @property
+    def urgent(self) -> list[str]:
+        """The input topics whose records go ahead of the rest when behind: event topics, and internal topics derived
+        from one (not `Topic.periodic`)."""
+        out = []
+        for w in self.stages:
+            for i in w.step.inputs:
+                public = i.topic if isinstance(i.topic, Topic) else i.topic.dead_letters
+                if not public.periodic:
+                    out.append(self.target_name(i.topic))
+        return sorted(set(out))
+
     def target_name(self, t: Target) -> str:
         return t.full(self.app_id) if isinstance(t, InternalTopic) else t.full(self.prefix)
 
     def take_direct(self, app: Any, maxsize: int) -> None:
         """Take records from an inbox the fetch loop fills (streams/faust_adapter/delivery.py), not through faust's
         stream."""
-        self.app, self.inbox = app, Inbox(maxsize)
+        self.app, self.inbox = app, Inbox(maxsize, frozenset(self.urgent))
 
     async def run(self, stream) -> None:
         """The lane's loop (the body of its faust agent). Should it raise (a producer error that outlived its retries, a
