@@ -56,6 +56,9 @@ class RunSpec(_Block):
     interval_s: float | None = Field(default=None, gt=0)
     nccl_interval_s: float | None = Field(default=None, ge=0, description="0 = no NCCL records")
     seed: int | None = Field(default=None, ge=0)
+    phases: int = Field(default=1, ge=1, le=1000, description="in real time, the hosts report at this many evenly "
+                        "spaced moments of each interval, each stamping its own moment, as agents started at "
+                        "different times do (1 = every host at the interval's start)")
 
 
 class Cause(_Block):
@@ -107,6 +110,7 @@ class RunPlan:
     interval_s: float
     nccl_interval_s: float
     seed: int
+    phases: int = 1
 
 
 class Scenario(_Block):
@@ -131,7 +135,8 @@ class Scenario(_Block):
         given = {"hosts": hosts, "duration_s": duration_s, "interval_s": interval_s,
                  "nccl_interval_s": nccl_interval_s, "seed": seed}
         own = {"hosts": self.fleet.hosts, **self.run.model_dump()}
-        return RunPlan(**{k: next(v for v in (given[k], own[k], RUN_DEFAULTS[k]) if v is not None) for k in given})
+        return RunPlan(**{k: next(v for v in (given[k], own[k], RUN_DEFAULTS[k]) if v is not None) for k in given},
+                       phases=self.run.phases)
 
 
 def _problems(exc: ValidationError) -> str:

@@ -103,7 +103,7 @@ class FleetSimulator:
         self.statuses = AgentStatuses(self.fleet, status_interval) if status_interval > 0 else None
         self.net = NetState(self.fleet)
         self.net_interval, self._next_net = net_interval, 0.0
-        self._host_index = {h: i for i, h in enumerate(self.fleet.hosts)}
+        self.host_index = {h: i for i, h in enumerate(self.fleet.hosts)}
         self.index = 0
         self._next_collective = 0  # index of the next collective step (at nccl_interval * index)
 
@@ -118,14 +118,14 @@ class FleetSimulator:
         effects, xid_events, truth = self.faults.apply(t_now - dt, t_now)
         self.state.advance(dt, ts, effects)
         if not effects.host_up.all():  # a host that is down logs nothing anyone reads
-            xid_events = [e for e in xid_events if effects.host_up[self._host_index[e["host"]]]]
+            xid_events = [e for e in xid_events if effects.host_up[self.host_index[e["host"]]]]
         tick = Tick(k, ts, host_samples(self.fleet, self.state, ts=ts, seq=k), xid_events, [], truth)
         if self.statuses is not None:
             tick.agent = self.statuses.records(t_now, ts, effects)
         for h in self.faults.take_rebooted():
             self.net.rebooted(h)
         self.net.advance(dt, effects.port_down, effects.port_rate, effects.port_drops, effects.port_errors)
-        tick.host_events = [e for e in self.faults.take_host_lines(ts) if effects.host_up[self._host_index[e["host"]]]]
+        tick.host_events = [e for e in self.faults.take_host_lines(ts) if effects.host_up[self.host_index[e["host"]]]]
         if self.net_interval > 0 and t_now >= self._next_net - 1e-9:
             tick.net = self.net.samples(ts=ts, seq=int(self._next_net // self.net_interval), up=effects.host_up)
             self._next_net += self.net_interval * (np.floor((t_now - self._next_net) / self.net_interval) + 1)
@@ -142,13 +142,13 @@ class FleetSimulator:
     def repaired(self, host: str, action: str) -> None:
         """A remediation bot finished a repair (or replacement) of `host`: its GPUs show it from the next tick on, and
         a host that was down for good is back (its agent starts: a running status at once)."""
-        h = self._host_index[host]
+        h = self.host_index[host]
         self.state.repaired(h, replaced=action == "replace")
         self.faults.repaired(h)
 
     def checkpoint_after(self, host: str, ts: float) -> float | None:
         """When the job on `host` next saves a checkpoint at or after epoch `ts` (None: the host runs no job)."""
-        j = int(self.fleet.host_job[self._host_index[host]]) if host in self._host_index else -1
+        j = int(self.fleet.host_job[self.host_index[host]]) if host in self.host_index else -1
         return None if j < 0 else self.start_ts + self.fleet.jobs[j].checkpoint_after(ts - self.start_ts)
 
 
@@ -220,9 +220,15 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
     truth: list[dict] = []
     gpu_readings = nccl_timings = net_ports = 0
     wall0 = time.monotonic()
-    clock0 = time.time()
     done = 0
     repairs = RepairFeed(settings) if follow_repairs else None
+
+    def due(ticks: float) -> float:
+        """Seconds until `ticks` intervals into the run (on the wall clock's interval grid when aligned)."""
+        if aligned:
+            return sim.start_ts + ticks * interval - time.time()
+        return ticks * interval / speed - (time.monotonic() - wall0)
+
     if repairs is not None:
         await repairs.start()
     try:
@@ -234,27 +240,28 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                     if host in sim.fleet.hosts:
                         sim.repaired(host, action)
                 if speed > 0:
-                    due = (sim.start_ts + k * interval - clock0) if aligned else k * interval / speed
-                    delay = due - ((time.time() - clock0) if aligned else (time.monotonic() - wall0))
-                    if delay > 0:
-                        await _sleep_or_stop(delay, stop)
-                        if stop is not None and stop.is_set():
-                            break
+                    await _sleep_or_stop(due(k), stop)
+                    if stop is not None and stop.is_set():
+                        break
                 tick = sim.step()
                 await pub.send_many(TRUTH, tick.truth)
                 await pub.send_many(XID, tick.xid)
                 await pub.send_many(HOST_EVENTS, tick.host_events)
                 await pub.send_many(NET, tick.net)
                 await pub.send_many(AGENT, tick.agent)
-                await pub.send_many(SAMPLES, tick.samples)
-                await pub.send_many(NCCL, tick.timings if per_rank_nccl else tick.nccl)
+                for phase, samples, nccl in _phases(sim, tick, plan.phases if speed > 0 else 1):
+                    if phase:  # a stop cuts the wait, not the tick: what was counted is what was sent
+                        await _sleep_or_stop(due(k + phase / plan.phases), stop)
+                    await pub.send_many(SAMPLES, samples)
+                    await pub.send_many(NCCL, [t for step in nccl for t in timings_of(step)] if per_rank_nccl
+                                        else nccl)
+                    if speed > 0:
+                        await pub.flush()
                 truth.extend(tick.truth)
                 gpu_readings += sum(len(s["gpus"]) for s in tick.samples)
                 nccl_timings += sum(len(n["ranks"]) for n in tick.nccl)
                 net_ports += sum(len(n["ports"]) for n in tick.net)
-                if speed > 0:
-                    await pub.flush()
-                else:
+                if speed == 0:
                     await asyncio.sleep(0)
                 done += 1
                 if on_tick is not None:
@@ -315,7 +322,24 @@ class RepairFeed:
                 await self.consumer.stop()
 
 
+def _phases(sim: FleetSimulator, tick: Tick, phases: int) -> list[tuple[int, list[dict], list[dict]]]:
+    """A tick's samples and NCCL steps by the moment of the interval their host reports at: host i at phase i mod
+    `phases`, each sample stamped with its phase's time (a collective keeps its own time: the agent reports it late)."""
+    if phases == 1:
+        return [(0, tick.samples, tick.nccl)]
+    out = [(p, [], []) for p in range(phases)]
+    for sample in tick.samples:
+        p = sim.host_index[sample["host"]] % phases
+        sample["ts"] = tick.ts + p * sim.interval / phases
+        out[p][1].append(sample)
+    for step in tick.nccl:
+        out[sim.host_index[step["host"]] % phases][2].append(step)
+    return out
+
+
 async def _sleep_or_stop(delay: float, stop: asyncio.Event | None) -> None:
+    if delay <= 0:
+        return
     if stop is None:
         await asyncio.sleep(delay)
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import defaultdict
 
 import orjson
@@ -75,3 +76,25 @@ async def test_paced_run_keeps_the_rate_and_stops_on_request(settings_env):
     assert report.sent["fleet.telemetry.samples"] == 12
     samples = await consume_all(settings, SAMPLES, 12)
     assert sorted({orjson.loads(r.value)["ts"] for r in samples}) == [1_700_000_000.0 + k for k in range(6)]
+
+
+async def test_a_phased_run_sends_each_host_at_its_own_moment_of_the_interval_stamped_with_it(settings_env):
+    settings = load(CommonSettings)
+    scenario = {"name": "phased", "run": {"phases": 4}}
+    began = time.time()
+    report = await simulate(settings, hosts=8, duration=3, interval=1, nccl_interval=1, speed=1, scenario=scenario,
+                            start_ts=1_700_000_000.0)
+    assert report.sent["fleet.telemetry.samples"] == 24 and report.sent["fleet.telemetry.nccl"] == 24
+    samples = [(r.timestamp / 1000, orjson.loads(r.value)) for r in await consume_all(settings, SAMPLES, 24)]
+    assert len(samples) == 24
+    # host h reports at moment h mod 4 of each 1 s interval, and its sample says so
+    assert {(s["host"], s["ts"]) for _, s in samples} == {
+        (f"gpu-node-{h:04d}", 1_700_000_000.0 + k + (h % 4) / 4) for h in range(8) for k in range(3)}
+    sent_at: dict[float, list[float]] = defaultdict(list)  # a moment -> when its samples went (Kafka time)
+    for sent, s in samples:
+        sent_at[s["ts"]].append(sent)
+        assert sent >= began + s["ts"] - 1_700_000_000.0 - 0.002, (s["host"], s["ts"], sent - began)  # never early
+    moments = sorted(sent_at)
+    assert all(max(sent_at[a]) < min(sent_at[b]) for a, b in zip(moments, moments[1:]))  # one moment after another
+    nccl = [(r.timestamp / 1000, orjson.loads(r.value)["host"]) for r in await consume_all(settings, NCCL, 24)]
+    assert max(sent for sent, host in nccl if host.endswith(("3", "7"))) >= began + 2.75 - 0.002
