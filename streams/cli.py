@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from core.errors import ConfigError
+from core.errors import ConfigError, FleetpulseError
 from core.logs import quiet_transient_client_logs
 from streams.faust_adapter.app import create_app, default_workdir
 from streams.faust_adapter.worker import ensure_topics_of, run_worker
@@ -149,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.loglevel.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_transient_client_logs()
-    return run(args)
+    try:
+        return run(args)
+    except FleetpulseError as exc:  # a bad setting or flag: its name and the fix, as `fleetpulse streams` says it
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -103,3 +103,12 @@ def test_dev_names_an_unknown_command():
     done = subprocess.run([str(REPO / "dev"), "tset"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith("dev: unknown command 'tset'; the commands are:")
     assert "./dev up" in done.stderr and "./dev test" in done.stderr
+
+
+def test_the_stream_worker_module_the_children_run_names_a_bad_setting_without_a_traceback(tmp_path):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETPULSE_", "KAFKA_", "CLICKHOUSE_"))}
+    done = subprocess.run([sys.executable, "-m", "streams.cli", "--worker", "telemetry"], cwd=REPO, text=True,
+                          env={**base, "FLEETPULSE_DATA_DIR": str(tmp_path), "FLEETPULSE_STREAMS_BATCH_MAX": "0"},
+                          capture_output=True, timeout=120)
+    line = said(done)
+    assert line.startswith("python -m streams.cli: invalid StreamsSettings: FLEETPULSE_STREAMS_BATCH_MAX"), line
