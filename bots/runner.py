@@ -170,16 +170,19 @@ class BotRunner:
         self._queues[host].put_nowait(entry)
 
     async def _host_worker(self, host: str) -> None:
+        """A host's requests, one after another; it ends once none is left (checked and ended without a wait in
+        between, so _enqueue starts a new one for the next), so a bot over a large fleet holds a task only per host
+        with requests in hand."""
         queue = self._queues[host]
-        while True:
-            entry = await queue.get()
+        while not queue.empty():
             try:
-                await self._settle(entry)
+                await self._settle(queue.get_nowait())
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 - the ledger or the broker failed: stop the bot, say why
                 self._failed = exc
                 return
+        del self._queues[host], self._workers[host]
 
     async def _settle(self, entry: Entry) -> None:
         event = entry.event

@@ -158,6 +158,11 @@ async def test_every_stage_the_sink_and_a_bot_count_the_same_records_the_same_wa
         await wait_for("every malformed record dead-lettered, every good sample stored, the bot's requests taken",
                        settled, 120, log)
         worker = await wait_for("every stage received records, every refusal counted", stages_done, 60, log)
+
+        async def answered() -> bool:
+            return runner.counts.answered.get("drain", 0) >= len(good[DRAIN]) and not runner.ledger.unsettled()
+        await wait_for("the bot answered both requests", answered, 60, log)
+        assert runner._workers == {} and runner._queues == {}  # a host's task ends with its last request
         sink_values = served(sink_exposition(sink.stats).decode(), SINK)
     bot_stop.set()
     await asyncio.wait_for(bot, 30)
