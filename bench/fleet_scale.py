@@ -13,13 +13,14 @@ runs them) and every --every seconds reads:
 - the broker's and the store's bytes on disk;
 - the page's answer time over the run's data (`/api/outcomes` and a panel, the last 15 minutes).
 After the run: lag p50/p95/p99 per group, XID -> drain p50/p95/p99 (a drain request's Kafka time after the last XID
-line of its host), resident memory over the last three quarters (first, last, least-squares trend per hour and over the window, the
-growth of its floor: the lowest of the last tenth against the lowest of the first, and of its peaks: the highest of
-the last quarter against the highest of the first; a process that swings, as a store merging, has a trend that
-depends on where the samples fall, and is flat when neither its floor nor its peaks rise), disk per hour and
-per day, `fleetpulse report`'s answer time over the whole run, and `up`'s sent = stored per stream. Both services are
-stopped at the end (the data directory stays, for a look: --data). --stop-sink-at MIN stops the sink (SIGSTOP) that
-many minutes in for --stop-sink-for seconds and says when the watch's PipelineLagging fired and resolved.
+line of its host; whole run and last three quarters), resident memory over the last three quarters (first, last,
+least-squares trend per hour and over the window, the growth of its floor: the lowest of the last tenth against the
+lowest of the first, and of its peaks: the highest of the last quarter against the highest of the first; a process
+that swings, as a store merging, has a trend that depends on where the samples fall, and is flat when neither its
+floor nor its peaks rise), disk per hour and per day, `fleetpulse report`'s answer time over the whole run, and
+`up`'s sent = stored per stream. Both services are stopped at the end (the data directory stays, for a look:
+--data). --stop-sink-at MIN stops the sink (SIGSTOP) that many minutes in for --stop-sink-for seconds and says when
+the watch's PipelineLagging fired and resolved.
 The broker's fixed 1 GB heap is touched whole at its start (-XX:+AlwaysPreTouch, through JAVA_TOOL_OPTIONS), as
 production brokers are often run: without it the broker's resident memory grows for an hour as the heap's pages are
 first used (+10 % over the last 45 minutes at 6,000 hosts) and hides what it really keeps.
@@ -178,7 +179,7 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
             "max": round(values[-1], 3)}
 
 
-XID_TO_DRAIN = """SELECT toFloat64(d.kafka_ts) - toFloat64(x.kafka_ts) AS s
+XID_TO_DRAIN = """SELECT toFloat64(d.kafka_ts) - toFloat64(x.kafka_ts) AS s, toFloat64(d.kafka_ts)
 FROM (SELECT event_id, any(host) AS host, min(kafka_ts) AS kafka_ts FROM drain_events WHERE action = 'drain'
       GROUP BY event_id) AS d
 ASOF JOIN (SELECT host, kafka_ts FROM xid_events) AS x ON d.host = x.host AND d.kafka_ts >= x.kafka_ts
@@ -231,14 +232,14 @@ def run(args: argparse.Namespace) -> dict:
         report = subprocess.run([*CLI, "report", "--json"], env=env, capture_output=True, timeout=600)
         report_s = round(time.perf_counter() - began_report, 2)
         got = subprocess.run([*CLI, "query", XID_TO_DRAIN], env=env, capture_output=True, text=True, timeout=300)
-        xid_to_drain = [row[0] for row in json.loads(got.stdout)["data"]] if got.returncode == 0 else []
+        drains = [[round(at - began, 1), s] for s, at in json.loads(got.stdout)["data"]] if got.returncode == 0 else []
     finally:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=300)
         for service in ("kafka", "clickhouse"):
             subprocess.run([*CLI, service, "stop"], env=env, capture_output=True, timeout=300)
-    out = summary(args, rounds, result, xid_to_drain, report_s, report.returncode)
+    out = summary(args, rounds, result, drains, report_s, report.returncode)
     if stop is not None:
         out["sink_stopped"] = stop.facts
     return out
@@ -273,8 +274,10 @@ class SinkStop:
             self.facts["resolved_after_resume_s"] = round(t - self.facts["resumed_at_s"], 1)
 
 
-def summary(args, rounds: list[dict], up: dict, xid_to_drain: list[float], report_s: float, report_rc: int) -> dict:
-    late = [r for r in rounds if r["t_s"] >= rounds[-1]["t_s"] / 4] if rounds else []
+def summary(args, rounds: list[dict], up: dict, drains: list[list[float]], report_s: float, report_rc: int) -> dict:
+    """`drains`: [seconds into the run, XID -> drain seconds] per drain request."""
+    cut = rounds[-1]["t_s"] / 4 if rounds else 0.0
+    late = [r for r in rounds if r["t_s"] >= cut]
     names = sorted({k for r in rounds for k in r["lag_s"]})
     memory = {}
     for name in sorted({p for r in late for p in r["processes"]}):
@@ -313,7 +316,9 @@ def summary(args, rounds: list[dict], up: dict, xid_to_drain: list[float], repor
             # without the first quarter: start-up (topics made, the first rebalance, a cold store) is a backlog too
             "lag_s_last_three_quarters": {n: quantiles([r["lag_s"][n] for r in late if n in r["lag_s"]])
                                           for n in names},
-            "xid_to_drain_s": quantiles(xid_to_drain),
+            "xid_to_drain_s": quantiles([s for _, s in drains]),
+            "xid_to_drain_s_last_three_quarters": quantiles([s for t, s in drains if t >= cut]),
+            "drains": drains,
             "processes_last_three_quarters": memory,
             "disk": {"broker_bytes": end.get("broker_bytes"), "store_bytes": end.get("store_bytes"),
                      "changelog_bytes": end.get("changelog_bytes"), "broker_gb_per_day": per_day("broker_bytes"),
@@ -343,15 +348,18 @@ def main() -> None:
                    help="the run's data directory (emptied first by `up`)")
     p.add_argument("--out", type=Path, default=Path("bench/results/fleet_scale.json"))
     p.add_argument("--summarize", type=Path, metavar="JSON", help="recompute the summary of an earlier run's --out "
-                   "from its rounds (its up result and XID -> drain times are kept)")
+                   "from its rounds (its up result, and its XID -> drain times where it has no drains list, are kept)")
     args = p.parse_args()
     if args.summarize:
         before = json.loads(args.summarize.read_text())
         args.hosts, args.minutes = before["hosts"], before["minutes"]
         up = {"final": {"rows": before["stored_rows"], "dead_letters": before["dead_letters"]},
               "simulator": before["sent"]}
-        out = {**before, **summary(args, before["rounds"], up, [], before["report_s"], before["report_rc"]),
-               "xid_to_drain_s": before["xid_to_drain_s"]}
+        out = {**before, **summary(args, before["rounds"], up, before.get("drains", []), before["report_s"],
+                                   before["report_rc"])}
+        if "drains" not in before:
+            out["xid_to_drain_s"] = before["xid_to_drain_s"]
+            del out["xid_to_drain_s_last_three_quarters"], out["drains"]
     else:
         out = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
