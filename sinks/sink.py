@@ -26,6 +26,7 @@ from schemas.tables import TABLES, Table
 from sinks import inflight, store
 from sinks.batch import Batch
 from sinks.dead_letters import DeadLetters
+from sinks.heap import HeapTrim
 from sinks.inserts import Inserter
 from sinks.outage import Outages
 from sinks.settings import SinkSettings
@@ -72,6 +73,7 @@ class ClickHouseSink:
         self.failed: Exception | None = None  # what storing a batch raised: the sink stops on it, whoever saw it first
         self.generation = 0  # partition revocations so far
         self.paused: set[TopicPartition] = set()  # paused by the sink behind a full batch
+        self.heap = HeapTrim()  # a catch-up's freed batches go back to the system (sinks/heap.py)
 
     async def on_store(self, fn, *args, **kwargs):
         """`fn(*args)` on the store's thread."""
@@ -165,6 +167,7 @@ class ClickHouseSink:
                 if self.failed is not None or (self.pending is not None and self.pending.done()):
                     await self.settle()  # what storing a batch raised, raised here
                 self.pace()
+                self.heap.tick()
             await self.finish()
         finally:
             await self.close()
