@@ -40,7 +40,8 @@ class Topic:
     # pipeline's own outputs key some records otherwise on purpose (a rack's power alert by its rack).
     key_checked: bool = False
     # Every host (job) sends it every interval: the bulk of a stream. A stage reading it and an event topic takes the
-    # events first when behind (streams/runtime/inbox.py), so a fault is not held behind a backlog of samples.
+    # events first when behind (streams/runtime/inbox.py), so a fault is not held behind a backlog of samples; the
+    # sink gathers it into fewer, larger inserts than an event stream (sink_periodic_batch_max_seconds).
     periodic: bool = False
 
     def full(self, prefix: str = "") -> str:

@@ -14,7 +14,12 @@ class SinkSettings(CommonSettings):
 
     sink_group_id: str = Field(default="fleetpulse-sink", min_length=1, description="the sink's consumer group")
     sink_batch_max_rows: int = Field(default=50_000, ge=1, le=1_000_000, description="rows per insert at most")
-    sink_batch_max_seconds: float = Field(default=1.0, gt=0, le=60, description="longest wait to fill a batch")
+    sink_batch_max_seconds: float = Field(default=1.0, gt=0, le=60, description="longest wait to fill a batch of an "
+                                                                                 "event stream (XIDs, faults, drains)")
+    sink_periodic_batch_max_seconds: float = Field(
+        default=5.0, gt=0, le=60,
+        description="longest wait to fill a batch of a periodic stream (samples, NCCL, agent status, ports, scores: "
+                    "every host every interval): fewer, larger inserts cost the store less CPU")
     sink_fetch_max_records: int = Field(default=5_000, ge=1, description="records per fetch from the broker")
     sink_tables: list[str] | None = Field(default=None, description="tables to feed; default all")
     sink_wait_max_s: float = Field(

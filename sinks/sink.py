@@ -51,6 +51,10 @@ class ClickHouseSink:
         self.by_topic = {t.topic.full(settings.topic_prefix): t for t in self.tables.values()}
         intakes = INTAKES if settings.sink_json_intake else {}
         self.batches = {topic: Batch(t, topic, intake=intakes.get(t.name)) for topic, t in self.by_topic.items()}
+        # the streams every host sends every interval wait longer to fill a batch than the sparse events: at 5,000
+        # hosts, a batch of each a second made the ClickHouse server spend 0.73 cores, one every 5 s 0.51, 10 s 0.41
+        self.batch_wait_s = {topic: settings.sink_periodic_batch_max_seconds if t.topic.periodic
+                             else settings.sink_batch_max_seconds for topic, t in self.by_topic.items()}
         self.outages = Outages(wait_max_s=settings.sink_wait_max_s)
         self.stats = SinkStats(tables={n: TableStats() for n in names}, outages=self.outages, held=self.held)
         # Writes go through one thread on one client; analysts' queries (embedded store) through another thread on a
@@ -161,8 +165,8 @@ class ClickHouseSink:
                 generation = self.generation
                 for tp, records in fetched.items():
                     await self.take(tp, records, generation)
-                for batch in self.batches.values():
-                    if batch.due(self.settings.sink_batch_max_rows, self.settings.sink_batch_max_seconds):
+                for topic, batch in self.batches.items():
+                    if batch.due(self.settings.sink_batch_max_rows, self.batch_wait_s[topic]):
                         await self.flush(batch)
                 if self.failed is not None or (self.pending is not None and self.pending.done()):
                     await self.settle()  # what storing a batch raised, raised here

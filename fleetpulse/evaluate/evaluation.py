@@ -151,7 +151,7 @@ class Evaluation:
         sink_settings = load(SinkSettings, **{**s.model_dump(include=set(CommonSettings.model_fields)),
                                               "clickhouse_database": self.database, "sink_http": False,
                                               "rack_budgets_w": p.scenario.fleet.rack_budgets_w,
-                                              "sink_batch_max_seconds": 0.5})
+                                              "sink_batch_max_seconds": 0.5, "sink_periodic_batch_max_seconds": 0.5})
         sink = ClickHouseSink(sink_settings)
         stop_sink = asyncio.Event()
         sink_task = asyncio.create_task(run_sink(sink, stop_sink))

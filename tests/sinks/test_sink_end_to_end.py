@@ -207,7 +207,7 @@ async def test_a_record_the_store_refuses_is_dead_lettered_once_and_the_rest_of_
     for k, s in enumerate(bad):
         s.gpus[k].power_w = 999.0
     await produce(settings, good[:20] + bad[:1] + good[20:40] + bad[1:] + good[40:])
-    slow = settings.model_copy(update={"sink_batch_max_seconds": 5.0})  # all of it in one or two batches
+    slow = settings.model_copy(update={"sink_periodic_batch_max_seconds": 5.0})  # all of it in one or two batches
 
     sink = await sink_until(slow, lambda s: s.stats.tables["gpu_samples"].rows >= len(good) * 8
                             and s.stats.tables["gpu_samples"].dead_letters >= len(bad))
@@ -240,7 +240,7 @@ async def test_a_record_the_engine_cannot_parse_but_the_checks_pass_is_stored_fr
     finally:
         await producer.stop()
     await produce(settings, good[6:])
-    slow = settings.model_copy(update={"sink_batch_max_seconds": 5.0})
+    slow = settings.model_copy(update={"sink_periodic_batch_max_seconds": 5.0})
     sink = await sink_until(slow, lambda s: s.stats.tables["gpu_samples"].rows >= 13 * 8)
     stats = sink.stats.tables["gpu_samples"]
     assert (stats.rows, stats.dead_letters, stats.split_batches) == (13 * 8, 0, 0)  # one more insert, no halving
@@ -255,7 +255,7 @@ async def test_a_rebalance_that_flushes_while_the_main_loop_flushes_stores_and_c
     now = time.time() - 60
     samples = [sample(h, s, now) for s in range(10) for h in range(8)]
     await produce(settings, samples)
-    sink = ClickHouseSink(settings.model_copy(update={"sink_batch_max_seconds": 60.0}))
+    sink = ClickHouseSink(settings.model_copy(update={"sink_periodic_batch_max_seconds": 60.0}))
     await sink.start()
     try:
         chunks, deadline = [], time.monotonic() + 60
@@ -346,12 +346,42 @@ async def test_a_table_that_refuses_every_record_dead_letters_them_all_and_says_
     client.command("ALTER TABLE gpu_samples ADD CONSTRAINT nothing CHECK power_mw IS NULL")
     samples = [sample(h, 0, time.time()) for h in range(4)]
     await produce(settings, samples)
-    slow = settings.model_copy(update={"sink_batch_max_seconds": 3.0})  # the four in one batch
+    slow = settings.model_copy(update={"sink_periodic_batch_max_seconds": 3.0})  # the four in one batch
     with caplog.at_level(logging.ERROR, logger="fleetpulse.sink"):
         sink = await sink_until(slow, lambda s: s.stats.tables["gpu_samples"].dead_letters >= len(samples))
     assert (sink.stats.tables["gpu_samples"].rows, sink.stats.tables["gpu_samples"].dead_letters) == (0, 4)
     assert len(await read_dead_letters(settings, SAMPLES)) == 4
     assert any("refused every one of 4 records" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_event_is_stored_at_the_event_wait_while_the_samples_beside_it_gather_for_the_periodic_one(
+        settings):
+    # A host's sample and an XID reach the sink together: the XID's batch is due after 0.2 s, the samples' (a
+    # periodic stream, every host every interval) after 4 s, so the XID is in the store while the sample still waits.
+    now = time.time() - 30
+    await produce(settings, [sample(1, 0, now)])
+    producer = AIOKafkaProducer(**settings.kafka_client_args(), acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(XID.full(settings.topic_prefix), encode(XidEvent(
+            host="h001", ts=now, code=79, gpu_index=0, message="fell off the bus")), key=b"h001")
+    finally:
+        await producer.stop()
+    split = settings.model_copy(update={"sink_batch_max_seconds": 0.2, "sink_periodic_batch_max_seconds": 4.0})
+    seen = {}
+
+    def stored(sink: ClickHouseSink) -> bool:
+        xid, gpu = sink.stats.tables["xid_events"], sink.stats.tables["gpu_samples"]
+        if xid.rows and "gpu_rows_then" not in seen:
+            seen["gpu_rows_then"], seen["xid_at"] = gpu.rows, time.monotonic()
+        if gpu.rows and "gpu_at" not in seen:
+            seen["gpu_at"] = time.monotonic()
+        return "gpu_at" in seen and "xid_at" in seen
+
+    sink = await sink_until(split, stored)
+    assert sink.stats.tables["xid_events"].rows == 1 and sink.stats.tables["gpu_samples"].rows == 8
+    assert seen["gpu_rows_then"] == 0  # the XID was stored first ...
+    assert seen["gpu_at"] - seen["xid_at"] > 2.0, seen  # ... seconds before the sample's batch was due
 
 
 async def test_xids_spanning_more_days_than_one_insert_may_touch_are_all_stored(settings):

@@ -109,7 +109,8 @@ async def test_the_sink_outlives_its_server_killed_for_minutes_and_mid_insert(ka
            **role_env(server), "PYTHONPATH": str(REPO), "FLEETPULSE_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
            "FLEETPULSE_TOPIC_PREFIX": topic_prefix, "FLEETPULSE_CLICKHOUSE_DATABASE": database,
            "FLEETPULSE_DATA_DIR": str(tmp_path / "data"), "FLEETPULSE_SINK_PORT": str(sink_port),
-           "FLEETPULSE_SINK_BATCH_MAX_SECONDS": "0.3", "FLEETPULSE_SINK_BATCH_MAX_ROWS": "20000"}
+           "FLEETPULSE_SINK_BATCH_MAX_SECONDS": "0.3", "FLEETPULSE_SINK_PERIODIC_BATCH_MAX_SECONDS": "0.3",
+           "FLEETPULSE_SINK_BATCH_MAX_ROWS": "20000"}
     settings = CommonSettings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
                               clickhouse_url=server.url, clickhouse_database=database,
                               clickhouse_owner_user=server.users["owner"][0],
