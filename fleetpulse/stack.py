@@ -25,13 +25,15 @@ from agents.simulator.scenario import load_scenario
 from fleetpulse.evaluate.bot import bot_config
 from fleetpulse.stack_bot import answer_drains
 from schemas.provision import ensure_topics
-from fleetpulse.lag import OffsetWatch, per_topic
+from fleetpulse.lag import OffsetWatch, per_topic, stable_members
 from core.settings import CommonSettings, load
 from fleetpulse.stack_view import StackView, fetch_store_facts
 from schemas.topics import TOPICS
 from schemas.tables import TABLE_BY_TOPIC
+from sinks.settings import SinkSettings
 
 STORE_EVERY_S = 5.0  # the live view's figures from the store: a query of every table, not free at scale
+JOIN_WAIT_S = 120.0  # longest wait for the consumers to join their groups before the fleet starts
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -144,6 +146,10 @@ class Stack:
                                os.environ.get("FLEETPULSE_STREAMS_TELEMETRY_PROCESSES", "1")}
                 await streams.start()
             await self._child("watch", "watch").start()  # every consumer group's lag: PipelineLagging
+            offsets = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
+            await offsets.start()
+            watch = offsets
+            await self._consumers_joined(offsets)
             sim_args = ["simulate", "--hosts", str(a.hosts), "--seed", str(a.seed), "--speed", str(a.speed),
                         "--scenario", a.scenario, "--follow-repairs"]
             if a.duration is not None:
@@ -151,9 +157,6 @@ class Stack:
             bot = asyncio.create_task(answer_drains(s, delays, a.speed, bot_stop))
             simulator = self._child("simulate", *sim_args)
             await simulator.start()
-            offsets = OffsetWatch(s.kafka_client_args(), {t.full(s.topic_prefix): t.partitions for t in TOPICS.values()})
-            await offsets.start()
-            watch = offsets
             interrupted = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -234,6 +237,43 @@ class Stack:
             self._facts, self._facts_at = await fetch_store_facts(self.settings), time.monotonic()
         view.update(ends, self._facts)
 
+    def _consumers(self) -> list[tuple[str, str, list[str]]]:
+        """(child, consumer group, the topics it reads) of each consumer `up` runs: the stream workers', the sink's."""
+        s = self.settings
+        out = []
+        if "streams" in self.children:
+            from streams.groups import worker_groups
+
+            out += [("streams", group, inputs) for group, inputs in worker_groups(s.topic_prefix)]
+        out.append(("sink", s.topic_prefix + load(SinkSettings).sink_group_id,
+                    [tb.topic.full(s.topic_prefix) for tb in TABLE_BY_TOPIC.values()]))
+        return out
+
+    async def _consumers_joined(self, watch: OffsetWatch) -> None:
+        """Hold the fleet back until every consumer holds its partitions (at most JOIN_WAIT_S): a fleet that reports
+        while the workers still start leaves them a backlog to work off (at 5,000 hosts, stages 44 s behind for the
+        first three minutes), which is `up` starting, not the pipeline keeping up."""
+        t0 = time.monotonic()
+        waiting = self._consumers()
+        while waiting and time.monotonic() - t0 < JOIN_WAIT_S:
+            still = []
+            for name, group, topics in waiting:
+                try:
+                    joined = await stable_members(watch.admin, group) > 0
+                except KafkaError:  # the broker not answering for groups yet: asked again
+                    joined = False
+                if self.children[name].running and not joined:
+                    still.append((name, group, topics))
+            waiting = still
+            if waiting:
+                await asyncio.sleep(0.5)
+        if waiting:
+            print(f"up: {', '.join(g for _, g, _ in waiting)} not reading after {JOIN_WAIT_S:.0f} s; the fleet starts "
+                  "anyway", file=sys.stderr, flush=True)
+        else:
+            print(f"up: every consumer reads ({time.monotonic() - t0:.1f} s); the fleet starts", file=sys.stderr,
+                  flush=True)
+
     async def _drain(self, view: StackView, watch: OffsetWatch, last_ts: float | None) -> None:
         """Let streams, then the sink, consume everything already published before they are stopped.
 
@@ -242,14 +282,9 @@ class Stack:
         from its committed offsets anyway. Once the workers caught up, the fleet step is told the fleet's clock
         stopped at the last tick (`last_ts`), so it reports the run's last usable-compute minute now.
         """
-        s = self.settings
-        stages = [("sink", s.topic_prefix + "fleetpulse-sink",
-                   [tb.topic.full(s.topic_prefix) for tb in TABLE_BY_TOPIC.values()], self.args.drain_timeout)]
-        if "streams" in self.children:
-            from streams.groups import worker_groups
-
-            for group, inputs in reversed(worker_groups(s.topic_prefix)):
-                stages.insert(0, ("streams", group, inputs, min(30.0, self.args.drain_timeout)))
+        budget = self.args.drain_timeout
+        stages = [(name, group, topics, min(30.0, budget) if name == "streams" else budget)
+                  for name, group, topics in self._consumers()]
         for k, (name, group, topics, budget) in enumerate(stages):
             deadline = time.monotonic() + budget
             while time.monotonic() < deadline and self.children[name].running:

@@ -70,6 +70,7 @@ def test_up_runs_the_stack_and_leaves_exactly_what_was_simulated(tmp_path, reque
     assert seen and max(seen) > 0 and seen == sorted(seen), seen  # the rows so far, growing
     assert f"the store is the ClickHouse server on http://127.0.0.1:{http_port} (started for this run)" in up.stderr
     assert "stopped the ClickHouse server it started" in up.stderr
+    assert "up: every consumer reads (" in up.stderr  # the fleet started once the sink and workers held partitions
     result = json.loads(up.stdout)
     sim, final = result["simulator"], result["final"]
     assert sim["scenario"] == "demo" and sim["ticks"] == 180 and sim["gpu_readings"] == 8 * 8 * 180
