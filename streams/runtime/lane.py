@@ -72,6 +72,7 @@ class Source:
     decode: Callable[[bytes | None, bytes | None], Any]  # (key, value) -> checked value
     registry: bool  # a refused record is the sink's to dead-letter (it reads every registry topic)
     dlq: str  # where this worker dead-letters the topic's records (internal refusals, rules that raised)
+    urgent: bool  # its records go ahead of the rest when behind: an event topic, or an internal one derived from one
     readers: list[tuple[Wired, str]] = field(default_factory=list)
 
 
@@ -109,8 +110,9 @@ class Lane:
                 src = self.sources.get(full)
                 if src is None:
                     registry = isinstance(i.topic, Topic)
-                    src = self.sources[full] = Source(
-                        full, input_decoder(i), registry, (i.topic if registry else i.topic.dead_letters).dlq(prefix))
+                    public = i.topic if registry else i.topic.dead_letters  # an internal topic's registry topic
+                    src = self.sources[full] = Source(full, input_decoder(i), registry, public.dlq(prefix),
+                                                      not public.periodic)
                 src.readers.append((w, i.kind))
         # A topic several lanes read (faults, remediation results) is decoded once per lane; only the first lane
         # that reads it counts and logs its refusals, so a bad record is counted once per worker.
@@ -133,13 +135,7 @@ class Lane:
     def urgent(self) -> list[str]:
         """The input topics whose records go ahead of the rest when behind: event topics, and internal topics derived
         from one (not `Topic.periodic`)."""
-        out = []
-        for w in self.stages:
-            for i in w.step.inputs:
-                public = i.topic if isinstance(i.topic, Topic) else i.topic.dead_letters
-                if not public.periodic:
-                    out.append(self.target_name(i.topic))
-        return sorted(set(out))
+        return sorted(name for name, src in self.sources.items() if src.urgent)
 
     def target_name(self, t: Target) -> str:
         return t.full(self.app_id) if isinstance(t, InternalTopic) else t.full(self.prefix)
