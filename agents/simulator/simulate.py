@@ -50,10 +50,10 @@ class Tick:
     net: list[dict] = field(default_factory=list)  # NetSample dicts, on the ticks the port collector runs
     host_events: list[dict] = field(default_factory=list)  # HostEvent dicts (NIC, disk lines) due in this tick
 
-    @property
-    def timings(self) -> list[dict]:
-        """The NCCL steps as per-rank NcclTiming dicts."""
-        return [t for step in self.nccl for t in timings_of(step)]
+
+def rank_timings(steps: list[dict]) -> list[dict]:
+    """NCCL step dicts as per-rank NcclTiming dicts."""
+    return [t for step in steps for t in timings_of(step)]
 
 
 class FleetSimulator:
@@ -253,8 +253,7 @@ async def simulate(settings: CommonSettings, *, hosts: int | None = None, durati
                     if phase:  # a stop cuts the wait, not the tick: what was counted is what was sent
                         await _sleep_or_stop(due(k + phase / plan.phases), stop)
                     await pub.send_many(SAMPLES, samples)
-                    await pub.send_many(NCCL, [t for step in nccl for t in timings_of(step)] if per_rank_nccl
-                                        else nccl)
+                    await pub.send_many(NCCL, rank_timings(nccl) if per_rank_nccl else nccl)
                     if speed > 0:
                         await pub.flush()
                 truth.extend(tick.truth)
