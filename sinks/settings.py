@@ -17,9 +17,10 @@ class SinkSettings(CommonSettings):
     sink_batch_max_seconds: float = Field(default=1.0, gt=0, le=60, description="longest wait to fill a batch of an "
                                                                                  "event stream (XIDs, faults, drains)")
     sink_periodic_batch_max_seconds: float = Field(
-        default=5.0, gt=0, le=60,
+        default=1.0, gt=0, le=60,
         description="longest wait to fill a batch of a periodic stream (samples, NCCL, agent status, ports, scores: "
-                    "every host every interval): fewer, larger inserts cost the store less CPU")
+                    "every host every interval): longer waits make fewer, larger inserts, which cost a store of its "
+                    "own less CPU but come in bursts that a pipeline sharing its cores with the store feels")
     sink_fetch_max_records: int = Field(default=5_000, ge=1, description="records per fetch from the broker")
     sink_tables: list[str] | None = Field(default=None, description="tables to feed; default all")
     sink_wait_max_s: float = Field(

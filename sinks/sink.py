@@ -51,8 +51,9 @@ class ClickHouseSink:
         self.by_topic = {t.topic.full(settings.topic_prefix): t for t in self.tables.values()}
         intakes = INTAKES if settings.sink_json_intake else {}
         self.batches = {topic: Batch(t, topic, intake=intakes.get(t.name)) for topic, t in self.by_topic.items()}
-        # the streams every host sends every interval wait longer to fill a batch than the sparse events: at 5,000
-        # hosts, a batch of each a second made the ClickHouse server spend 0.73 cores, one every 5 s 0.51, 10 s 0.41
+        # the streams every host sends every interval may wait longer to fill a batch than the sparse events: at 5,000
+        # hosts, a batch of each a second made the ClickHouse server spend 0.73 cores, one every 5 s 0.49
+        # (docs/scale.md: on two cores shared with the stream worker, 5 s made the stages' lag worse)
         self.batch_wait_s = {topic: settings.sink_periodic_batch_max_seconds if t.topic.periodic
                              else settings.sink_batch_max_seconds for topic, t in self.by_topic.items()}
         self.outages = Outages(wait_max_s=settings.sink_wait_max_s)
