@@ -41,7 +41,7 @@ class Topic:
     key_checked: bool = False
     # Every host (job) sends it every interval: the bulk of a stream. A stage reading it and an event topic takes the
     # events first when behind (streams/runtime/inbox.py), so a fault is not held behind a backlog of samples; the
-    # sink gathers it into fewer, larger inserts than an event stream (sink_periodic_batch_max_seconds).
+    # sink may wait longer to fill its batches than an event stream's (sink_periodic_batch_max_seconds).
     periodic: bool = False
 
     def full(self, prefix: str = "") -> str:
