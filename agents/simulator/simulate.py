@@ -50,6 +50,11 @@ class Tick:
     net: list[dict] = field(default_factory=list)  # NetSample dicts, on the ticks the port collector runs
     host_events: list[dict] = field(default_factory=list)  # HostEvent dicts (NIC, disk lines) due in this tick
 
+    @property
+    def timings(self) -> list[dict]:
+        """The NCCL steps as per-rank NcclTiming dicts."""
+        return rank_timings(self.nccl)
+
 
 def rank_timings(steps: list[dict]) -> list[dict]:
     """NCCL step dicts as per-rank NcclTiming dicts."""

@@ -9,7 +9,6 @@ import pytest
 from agents.simulator import FleetSimulator, build_tick
 from agents.simulator.fleet import GPUS_PER_HOST, HGX_PCI_BUSES, build_fleet
 from agents.simulator.gpu_state import GPU_IDLE
-from agents.simulator.simulate import rank_timings
 from schemas.analytics import InjectedFault
 from schemas.events import NcclStep, NcclTiming, XidEvent
 from schemas.telemetry import HostSample
@@ -36,7 +35,7 @@ def test_every_record_validates_strictly_against_the_schemas():
             XidEvent.model_validate(e, strict=True)
         for r in tick.nccl:
             NcclStep.model_validate(r, strict=True)
-        for r in rank_timings(tick.nccl):
+        for r in tick.timings:
             NcclTiming.model_validate(r, strict=True)
         for t in tick.truth:
             kinds.add(InjectedFault.model_validate(t, strict=True).kind)
@@ -109,9 +108,9 @@ def test_counters_are_monotone_and_clocks_stay_in_range():
 
 def test_diurnal_drift_is_slow_and_about_one_percent():
     sim = FleetSimulator(8, seed=0, start_ts=TS0, nccl_interval=1.0)
-    base = np.median([r["compute_us"] for r in rank_timings(sim.step().nccl)])
+    base = np.median([r["compute_us"] for r in sim.step().timings])
     later = FleetSimulator(8, seed=0, start_ts=TS0 + 12 * 3600)
-    shifted = np.median([r["compute_us"] for r in rank_timings(later.step().nccl)])
+    shifted = np.median([r["compute_us"] for r in later.step().timings])
     assert 0.003 < abs(shifted / base - 1) < 0.025
 
 
@@ -130,7 +129,7 @@ def test_nccl_cadence_is_configurable_and_independent_of_telemetry():
     c = FleetSimulator(8, seed=4, start_ts=TS0, nccl_interval=0)
     ta, tb, tc = a.step(), b.step(), c.step()
     world = a.fleet.jobs[0].world_size
-    assert len(rank_timings(ta.nccl)) == world and len(rank_timings(tb.nccl)) == 4 * world and tc.nccl == []
+    assert len(ta.timings) == world and len(tb.timings) == 4 * world and tc.nccl == []
     assert len(ta.nccl) == world // 8  # one NcclStep per host and collective
     assert ta.samples == tb.samples == tc.samples
     assert sorted({r["seq"] for r in tb.nccl}) == [0, 1, 2, 3]
